@@ -1,0 +1,41 @@
+"""GQA attention over the paged (or contiguous) KV cache, read through the KVCache Protocol."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from qwen_serve.protocols import KVCache
+
+from .step_layout import StepLayout
+
+
+class CachedAttention:
+    """Writes the step's keys/values, then attends each query over its sequence's history."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def __call__(
+        self, layer: int, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+        cache: KVCache, step: StepLayout,
+    ) -> torch.Tensor:
+        # queries [T, H, D]; keys/values [T, Hkv, D]
+        cache.write(layer, step.write_slots, keys, values)
+        out = torch.empty_like(queries)
+        if step.decode_rows.numel():
+            k, v = cache.read(layer, step.decode_slots)  # [B, L, Hkv, D]: one gather for all decodes
+            q = queries[step.decode_rows].unsqueeze(2)  # [B, H, 1, D]
+            o = F.scaled_dot_product_attention(
+                q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=step.decode_mask,
+                scale=self.scale, enable_gqa=True,
+            )
+            out[step.decode_rows] = o.squeeze(2)
+        for span in step.prefills:
+            k, v = cache.read(layer, span.key_slots)  # [L, Hkv, D]
+            q = queries[span.rows].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+            o = F.scaled_dot_product_attention(
+                q, k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+                attn_mask=span.mask, is_causal=span.mask is None, scale=self.scale, enable_gqa=True,
+            )
+            out[span.rows] = o.squeeze(0).transpose(0, 1)
+        return out

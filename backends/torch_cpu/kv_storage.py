@@ -1,0 +1,56 @@
+"""Key/value tensors for every layer, addressed by slot, grown a slab of blocks at a time so
+resident memory follows the blocks actually handed out, not the configured pool size."""
+from __future__ import annotations
+
+import torch
+
+
+class TorchKVStorage:
+    def __init__(
+        self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+        block_size: int, slab_blocks: int, max_blocks: int,
+    ) -> None:
+        self.block_size = block_size
+        self.slab_blocks = slab_blocks
+        self.max_blocks = max_blocks
+        self.dtype = dtype
+        shape = (0, num_kv_heads, head_dim)
+        self.keys = [torch.empty(shape, dtype=dtype) for _ in range(num_layers)]
+        self.values = [torch.empty(shape, dtype=dtype) for _ in range(num_layers)]
+        self.capacity_blocks = 0
+
+    def ensure_blocks(self, num_blocks: int) -> None:
+        if num_blocks <= self.capacity_blocks:
+            return
+        if num_blocks > self.max_blocks:
+            raise ValueError(f"block id {num_blocks - 1} is outside the pool of {self.max_blocks} blocks")
+        slabs = -(-num_blocks // self.slab_blocks)
+        new_blocks = min(self.max_blocks, slabs * self.slab_blocks)
+        old_slots = self.capacity_blocks * self.block_size
+        for tensors in (self.keys, self.values):
+            for i, old in enumerate(tensors):
+                grown = torch.empty((new_blocks * self.block_size, *old.shape[1:]), dtype=self.dtype)
+                grown[:old_slots] = old
+                tensors[i] = grown
+        self.capacity_blocks = new_blocks
+
+    def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys[layer].index_copy_(0, slots, keys.to(self.dtype))
+        self.values[layer].index_copy_(0, slots, values.to(self.dtype))
+
+    def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One gather per call, whatever the shape of slots; returns float32."""
+        flat = slots.reshape(-1)
+        k = self.keys[layer].index_select(0, flat).float()
+        v = self.values[layer].index_select(0, flat).float()
+        shape = (*slots.shape, *k.shape[1:])
+        return k.view(shape), v.view(shape)
+
+    def copy_block(self, src: int, dst: int) -> None:
+        bs = self.block_size
+        for tensors in (self.keys, self.values):
+            for t in tensors:
+                t[dst * bs:(dst + 1) * bs] = t[src * bs:(src + 1) * bs]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))

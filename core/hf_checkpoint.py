@@ -1,0 +1,65 @@
+"""HF checkpoint directories: config.json, single or sharded safetensors, tokenizer.json, and the
+chat template from tokenizer_config.json or chat_template.jinja."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import tokenizers
+from safetensors import safe_open
+
+from .checkpoint import Checkpoint, read_json
+from .config import ModelConfig
+from .errors import ModelLoadError
+from .tokenizer import Tokenizer
+
+
+def load_hf_dir(path: Path) -> Checkpoint:
+    config = ModelConfig.from_hf_config(read_json(path / "config.json"), name=path.name)
+    generation = path / "generation_config.json"
+    if generation.exists():
+        eos = read_json(generation).get("eos_token_id")
+        config = config.with_eos(tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)))
+    tokenizer = load_hf_tokenizer(path)
+    files = _safetensors_files(path)
+
+    def tensors(framework: str) -> Iterator[tuple[str, Any]]:
+        for file in files:
+            with safe_open(file, framework=framework) as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+
+    return Checkpoint(path=path, format="hf", config=config, tokenizer=tokenizer, _tensors=tensors)
+
+
+def load_hf_tokenizer(path: Path) -> Tokenizer:
+    tokenizer_file = path / "tokenizer.json"
+    if not tokenizer_file.exists():
+        raise ModelLoadError(f"{path}: missing tokenizer.json")
+    backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
+    cfg = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
+    template = cfg.get("chat_template")
+    if isinstance(template, list):  # named templates: use the default one
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    jinja_file = path / "chat_template.jinja"
+    if template is None and jinja_file.exists():
+        template = jinja_file.read_text(encoding="utf-8")
+    return Tokenizer(backend, template, _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token")))
+
+
+def _token_text(token: Any) -> str | None:
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def _safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(read_json(index)["weight_map"].values()))
+        missing = [s for s in shards if not (path / s).exists()]
+        if missing:
+            raise ModelLoadError(f"{path}: shards listed in the index are missing: {', '.join(missing)}")
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{path}: no *.safetensors weights (pickle checkpoints are never loaded)")
+    return files

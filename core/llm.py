@@ -1,0 +1,80 @@
+"""The offline, vLLM-shaped Python API: LLM(...).generate / .chat."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from .builder import EngineParts, build_engine
+from .plugins import Registry
+from .sampling_params import SamplingParams
+
+
+@dataclass
+class CompletionOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    logprobs: list[dict[int, float] | None] | None = None
+
+
+class LLM:
+    """Load a model and run batches of prompts through the continuous-batching engine."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        backend: str = "torch",
+        kv_cache: str = "paged",
+        dtype: str = "float32",
+        quant: str = "none",
+        env: Mapping[str, str] | None = None,
+        registry: Registry | None = None,
+        **engine_options: Any,
+    ) -> None:
+        parts: EngineParts = build_engine(model, backend, kv_cache, dtype, quant, env=env, registry=registry,
+                                          **engine_options)
+        self.parts = parts
+        self.engine = parts.engine
+        self.tokenizer = parts.tokenizer
+        self.config = parts.model_config
+        self._ids = itertools.count()
+
+    def generate(self, prompts: Sequence[str | Sequence[int]] | str, params: SamplingParams | None = None) -> list[CompletionOutput]:
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        token_lists = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        return self._run(token_lists, params or SamplingParams())
+
+    def chat(self, conversations: Sequence[Sequence[Mapping[str, Any]]], params: SamplingParams | None = None,
+             **template_context: Any) -> list[CompletionOutput]:
+        if conversations and isinstance(conversations[0], Mapping):
+            conversations = [conversations]  # a single conversation
+        token_lists = [self.tokenizer.encode_chat(list(c), **template_context) for c in conversations]
+        return self._run(token_lists, params or SamplingParams())
+
+    def _run(self, token_lists: list[list[int]], params: SamplingParams) -> list[CompletionOutput]:
+        request_ids = [f"offline-{next(self._ids)}" for _ in token_lists]
+        seqs = []
+        try:
+            for request_id, tokens in zip(request_ids, token_lists):
+                seqs.append(self.engine.add_request(request_id, tokens, params))
+            while any(not s.is_finished for s in seqs):
+                self.engine.step()
+        finally:
+            for seq in seqs:
+                if not seq.is_finished:
+                    self.engine.abort(seq.request_id)
+        return [
+            CompletionOutput(
+                request_id=s.request_id,
+                prompt_token_ids=s.prompt_token_ids,
+                token_ids=list(s.output_token_ids),
+                text=s.detokenizer.text,
+                finish_reason=s.finish_reason,
+                logprobs=list(s.output_logprobs) if params.logprobs is not None else None,
+            )
+            for s in seqs
+        ]

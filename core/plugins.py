@@ -1,0 +1,128 @@
+"""Plugin discovery: built-ins by import path, third parties by entry point.
+
+``QWEN_SERVE_PLUGINS`` (comma-separated entry-point names) restricts which third-party
+plugins load; set it empty to load built-ins only. Each call to ``load_registry`` builds its
+own plugin manager, so tests never share or reload a global one.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import pluggy
+
+from . import hookspecs
+from .errors import PluginNotFound, PluginUnavailable
+
+ENV_VAR = "QWEN_SERVE_PLUGINS"
+BUILTIN_PLUGINS = {
+    "torch": "qwen_serve.backends.torch_cpu.plugin",
+    "mlx": "qwen_serve.backends.mlx.plugin",
+    "kv_caches": "qwen_serve.kv.plugin",
+}
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    name: str
+    load: Callable[[], Any]  # returns a Backend; imports the array library lazily
+    requires: tuple[str, ...] = ()
+    extra: str | None = None
+    plugin: str = ""
+
+    def missing(self) -> list[str]:
+        return [m for m in self.requires if importlib.util.find_spec(m) is None]
+
+
+@dataclass(frozen=True)
+class KVCacheEntry:
+    name: str
+    factory: Callable[..., Any]
+    plugin: str = ""
+
+
+@dataclass
+class Registry:
+    """Everything the loaded plugins registered, by name."""
+
+    backends: dict[str, BackendEntry] = field(default_factory=dict)
+    kv_caches: dict[str, KVCacheEntry] = field(default_factory=dict)
+    plugin_manager: pluggy.PluginManager | None = None
+
+    def backend(self, name: str) -> Any:
+        entry = self.backends.get(name)
+        if entry is None:
+            raise PluginNotFound(
+                f"unknown backend {name!r}; installed backends: {self._installed_backends()}"
+            )
+        missing = entry.missing()
+        if missing:
+            hint = f"pip install 'qwen-serve[{entry.extra}]'" if entry.extra else f"pip install {' '.join(missing)}"
+            raise PluginUnavailable(
+                f"backend {name!r} needs {', '.join(missing)} which is not installed ({hint}); "
+                f"installed backends: {self._installed_backends()}"
+            )
+        return entry.load()
+
+    def kv_cache_factory(self, name: str) -> Callable[..., Any]:
+        entry = self.kv_caches.get(name)
+        if entry is None:
+            raise PluginNotFound(
+                f"unknown KV cache {name!r}; installed KV caches: {', '.join(sorted(self.kv_caches)) or 'none'}"
+            )
+        return entry.factory
+
+    def _installed_backends(self) -> str:
+        names = [
+            n if not e.missing() else f"{n} (needs {', '.join(e.missing())})"
+            for n, e in sorted(self.backends.items())
+        ]
+        return ", ".join(names) or "none"
+
+
+def make_plugin_manager(env: Mapping[str, str] | None = None) -> pluggy.PluginManager:
+    """A fresh manager with built-ins registered, then the allowed entry-point plugins."""
+    env = os.environ if env is None else env
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    for name, module in BUILTIN_PLUGINS.items():
+        pm.register(importlib.import_module(module), name=name)
+    allowed = env.get(ENV_VAR)
+    if allowed is None:
+        pm.load_setuptools_entrypoints(hookspecs.PROJECT)
+    else:
+        for name in filter(None, (n.strip() for n in allowed.split(","))):
+            if pm.get_plugin(name) is None:
+                pm.load_setuptools_entrypoints(hookspecs.PROJECT, name=name)
+    return pm
+
+
+def load_registry(env: Mapping[str, str] | None = None, pm: pluggy.PluginManager | None = None) -> Registry:
+    """Ask every plugin to register what it provides; later registrations must not collide."""
+    pm = pm or make_plugin_manager(env)
+    registry = Registry(plugin_manager=pm)
+
+    for plugin_name, plugin in pm.list_name_plugin():
+        def register_backend(name: str, load: Callable[[], Any], requires=(), extra=None, _p=plugin_name):
+            _claim(registry.backends, name, "backend", _p)
+            registry.backends[name] = BackendEntry(name, load, tuple(requires), extra, _p)
+
+        def register_kv_cache(name: str, factory: Callable[..., Any], _p=plugin_name):
+            _claim(registry.kv_caches, name, "KV cache", _p)
+            registry.kv_caches[name] = KVCacheEntry(name, factory, _p)
+
+        caller = pm.subset_hook_caller
+        others = [p for p in pm.get_plugins() if p is not plugin]
+        caller("register_backends", remove_plugins=others)(register=register_backend)
+        caller("register_kv_caches", remove_plugins=others)(register=register_kv_cache)
+    return registry
+
+
+def _claim(table: dict, name: str, kind: str, plugin: str) -> None:
+    if name in table:
+        raise PluginNotFound(
+            f"{kind} {name!r} registered twice (by {table[name].plugin!r} and {plugin!r})"
+        )

@@ -1,0 +1,188 @@
+"""The contracts between the framework-free core and compute backends.
+
+Arrays appear as ``Any``: each backend passes its own tensor type through the core untouched.
+Optional abilities of a KV cache are separate runtime-checkable Protocols, so the engine asks
+``isinstance(cache, PrefixCaching)`` instead of probing attributes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from .config import ModelConfig
+from .sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class KVUsage:
+    """Block accounting of a KV cache at one moment (all counts in blocks)."""
+
+    total: int
+    used: int  # held by a sequence or by the prefix cache; used + free == total
+    cached: int  # holding a published prefix hash (in use or evictable)
+    prefix_hit_blocks: int = 0
+    cow_copies: int = 0
+
+    @property
+    def free(self) -> int:
+        return self.total - self.used
+
+
+@runtime_checkable
+class KVStorage(Protocol):
+    """Backend memory for keys and values, addressed by slot = block_id * block_size + offset."""
+
+    def ensure_blocks(self, num_blocks: int) -> None:
+        """Make block ids < num_blocks addressable (storage grows in slabs, never per token)."""
+
+    def write(self, layer: int, slots: Any, keys: Any, values: Any) -> None:
+        """Store keys/values [n, kv_heads, head_dim] at the n given slots."""
+
+    def read(self, layer: int, slots: Any) -> tuple[Any, Any]:
+        """Gather keys/values at an index array of slots (any shape), in one call."""
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copy one block's keys/values in every layer (copy-on-write)."""
+
+    def nbytes(self) -> int:
+        """Bytes currently allocated."""
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    """Where each sequence's keys and values live.
+
+    The engine reserves room with ``allocate_slots`` and gives it back with ``free``; the model
+    executor turns ``block_table`` into slots once per step and moves tensors with
+    ``write``/``read``. A sequence's position p lives in slot
+    ``block_table[p // block_size] * block_size + p % block_size``.
+    """
+
+    block_size: int
+
+    def usage(self) -> KVUsage: ...
+
+    def can_fit(self, num_tokens: int) -> bool:
+        """Whether a lone sequence of num_tokens could ever be held (to reject, not to wait)."""
+
+    def allocate_slots(self, seq_id: int, start: int, num_tokens: int, expected_total: int = 0) -> bool:
+        """Make positions [start, start + num_tokens) writable; False changes nothing.
+
+        expected_total is the longest the sequence may grow (prompt + max_tokens), a hint for
+        caches that reserve up front.
+        """
+
+    def free(self, seq_id: int) -> None: ...
+
+    def block_table(self, seq_id: int) -> Sequence[int]: ...
+
+    def write(self, layer: int, slots: Any, keys: Any, values: Any) -> None: ...
+
+    def read(self, layer: int, slots: Any) -> tuple[Any, Any]: ...
+
+
+@runtime_checkable
+class PrefixCaching(Protocol):
+    """A cache that can serve a prompt's leading full blocks from earlier requests."""
+
+    def match_prefix(self, seq_id: int, token_ids: Sequence[int]) -> int:
+        """Attach cached blocks for the longest known prefix; returns tokens reused.
+
+        Never covers the last token, so the model always computes at least one position.
+        """
+
+    def publish(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
+        """Make the full blocks among the first num_computed positions findable."""
+
+
+@runtime_checkable
+class Forking(Protocol):
+    """A cache that can share a sequence's blocks with a new one (copy-on-write)."""
+
+    def fork(self, parent_id: int, child_id: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Tokens of one sequence to run in a step: positions [start, start + len(token_ids))."""
+
+    seq_id: int
+    token_ids: Sequence[int]
+    start: int
+    sample: bool  # whether the last position's logits are wanted
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One model call: decode tokens and prefill chunks from several sequences."""
+
+    chunks: tuple[ScheduledChunk, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None] = field(default_factory=list)
+
+
+@runtime_checkable
+class QuantizedLinear(Protocol):
+    """y = x @ W.T for a weight stored in a compressed format."""
+
+    in_features: int
+    out_features: int
+
+    def __call__(self, x: Any) -> Any: ...
+
+    def dequantize(self) -> Any: ...
+
+    def nbytes(self) -> int: ...
+
+
+@runtime_checkable
+class Attention(Protocol):
+    """Writes this step's keys/values into the cache, then attends over each sequence's history."""
+
+    def __call__(self, layer: int, queries: Any, keys: Any, values: Any, cache: KVCache, step: Any) -> Any: ...
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Turns logits into tokens; each request draws from its own generator, seeded once."""
+
+    def make_generator(self, seed: int) -> Any: ...
+
+    def sample(
+        self, logits: Any, params: Sequence[SamplingParams], generators: Sequence[Any]
+    ) -> SampleResult: ...
+
+
+@runtime_checkable
+class ModelExecutor(Protocol):
+    """Owns the weights; runs one batched forward over a StepBatch."""
+
+    config: ModelConfig
+
+    def weight_bytes(self) -> int: ...
+
+    def execute(self, batch: StepBatch, cache: KVCache) -> Any:
+        """Logits [number of chunks with sample=True, vocab], in chunk order."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A compute path: builds executors, KV storage and samplers for one array library."""
+
+    name: str
+
+    def load_model(self, checkpoint: Any, dtype: str, quant: str) -> ModelExecutor: ...
+
+    def create_kv_storage(
+        self, config: ModelConfig, dtype: str, block_size: int, slab_blocks: int, max_blocks: int
+    ) -> KVStorage: ...
+
+    def create_sampler(self) -> Sampler: ...

@@ -1,0 +1,77 @@
+"""Tokenization through the `tokenizers` library and chat templates rendered with jinja2,
+the way transformers renders them (sandboxed, trim_blocks/lstrip_blocks, raise_exception)."""
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from typing import Any, Sequence
+
+import jinja2
+import jinja2.sandbox
+import tokenizers
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, **_: Any) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent)
+
+
+class ChatTemplate:
+    def __init__(self, source: str) -> None:
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        self.source = source
+        self._template = env.from_string(source)
+
+    def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **context: Any) -> str:
+        return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **context)
+
+
+class Tokenizer:
+    """encode/decode plus the model's chat template; special-token handling as in transformers."""
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        chat_template: str | None = None,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.chat_template = ChatTemplate(chat_template) if chat_template else None
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    @cached_property
+    def special_token_ids(self) -> frozenset[int]:
+        return frozenset(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special)
+
+    def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **context: Any) -> str:
+        if self.chat_template is None:
+            raise ValueError("this model has no chat template; send a plain prompt instead")
+        context.setdefault("bos_token", self.bos_token or "")
+        context.setdefault("eos_token", self.eos_token or "")
+        return self.chat_template.render(messages, add_generation_prompt, **context)
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **context: Any) -> list[int]:
+        # The template already spells out BOS and role markers, so add nothing more.
+        return self.encode(self.render_chat(messages, add_generation_prompt, **context), add_special_tokens=False)

@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, default=None)
     p.add_argument("--seed", type=int, default=None, help="seeds the per-request seeds of unseeded requests")
     p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument("--served-model-name", default=None, help="model name the API reports and accepts")
     p.add_argument("--prompt", default=None, help="answer one chat message and exit instead of serving")
     p.add_argument("--max-tokens", type=int, default=256, help="with --prompt: tokens to generate at most")
     return p
@@ -59,8 +60,10 @@ def run(args: argparse.Namespace) -> int:
     parts = build_engine(args.model, args.backend, args.kv_cache, args.dtype, args.quant, **engine_options(args))
     print(format_memory_plan(parts, args.dtype, args.quant), file=sys.stderr)
     if args.prompt is None:
-        print("qwen-serve: error: the HTTP server is not built yet; pass --prompt for a one-shot chat", file=sys.stderr)
-        return 2
+        from .serve import serve
+
+        serve(parts, args.host, args.port, args.quant, args.served_model_name, args.model)
+        return 0
     ids = parts.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
     seq = parts.engine.add_request("cli", ids, SamplingParams(max_tokens=args.max_tokens))
     while not seq.is_finished:

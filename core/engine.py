@@ -62,12 +62,11 @@ class Engine:
         self._seed_source = random.Random(config.seed)
 
     # --- requests -----------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams) -> Sequence:
+    def check_request(self, prompt_token_ids: Seq[int], params: SamplingParams) -> list[int]:
+        """Validate a request without touching engine state (safe from any thread)."""
         prompt = [int(t) for t in prompt_token_ids]
         if not prompt:
             raise InvalidRequest("the prompt is empty")
-        if request_id in self.sequences:
-            raise InvalidRequest(f"request id {request_id!r} is already running")
         vocab = self.model_config.vocab_size
         if any(t < 0 or t >= vocab for t in prompt):
             raise InvalidRequest(f"prompt token ids must be in [0, {vocab})")
@@ -77,6 +76,13 @@ class Engine:
                 f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} tokens "
                 f"exceeds the maximum sequence length of {self.max_seq_len} tokens"
             )
+        return prompt
+
+    def add_request(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> Sequence:
+        prompt = self.check_request(prompt_token_ids, params)
+        if request_id in self.sequences:
+            raise InvalidRequest(f"request id {request_id!r} is already running")
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
         seq = Sequence(
             seq_id=next(self._seq_ids),
@@ -86,6 +92,8 @@ class Engine:
             generator=self.sampler.make_generator(seed),
             detokenizer=IncrementalDetokenizer(self.tokenizer.decode, params.stop),
         )
+        if arrival_time is not None:
+            seq.arrival_time = arrival_time
         self.sequences[request_id] = seq
         self.scheduler.add(seq)
         self.stats.requests_total += 1

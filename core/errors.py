@@ -18,4 +18,8 @@ class ModelLoadError(QwenServeError):
 
 
 class InvalidRequest(QwenServeError, ValueError):
-    pass
+    """Bad input from a client: HTTP 400, never a 500."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param

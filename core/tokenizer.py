@@ -3,7 +3,7 @@ the way transformers renders them (sandboxed, trim_blocks/lstrip_blocks, raise_e
 from __future__ import annotations
 
 import json
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Sequence
 
 import jinja2
@@ -17,6 +17,20 @@ def _raise_exception(message: str) -> None:
 
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, **_: Any) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent)
+
+
+@lru_cache(maxsize=1)
+def _byte_level_decoding() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: printable stand-in character -> byte value."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    table, shift = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            table[chr(byte)] = byte
+        else:
+            table[chr(256 + shift)] = byte
+            shift += 1
+    return table
 
 
 class ChatTemplate:
@@ -60,6 +74,22 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes one token stands for (may be part of a UTF-8 character)."""
+        added = self._added_tokens.get(token_id)
+        if added is not None:
+            return added.encode("utf-8")
+        piece = self.backend.id_to_token(token_id)
+        if piece is not None and isinstance(self.backend.decoder, tokenizers.decoders.ByteLevel):
+            table = _byte_level_decoding()
+            if all(ch in table for ch in piece):
+                return bytes(table[ch] for ch in piece)
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
+    @cached_property
+    def _added_tokens(self) -> dict[int, str]:
+        return {i: t.content for i, t in self.backend.get_added_tokens_decoder().items()}
 
     @cached_property
     def special_token_ids(self) -> frozenset[int]:

@@ -1,0 +1,137 @@
+"""Serving metrics: one set of figures, two expositions (flat JSON and Prometheus text).
+
+The engine thread publishes an immutable EngineSnapshot after every step; the event loop
+records request latencies. Prometheus text is produced by prometheus-client from a collector
+that reads the same figures the JSON shows.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+WINDOW = 2048  # latency samples kept for percentiles
+
+
+class ThroughputWindow:
+    """Generated tokens per second over the last `seconds` (engine thread only writes)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._events: deque[tuple[float, int]] = deque()
+
+    def add(self, now: float, tokens: int) -> None:
+        self._events.append((now, tokens))
+        self._trim(now)
+
+    def rate(self, now: float) -> float:
+        self._trim(now)
+        return sum(n for _, n in list(self._events)) / self.seconds
+
+    def _trim(self, now: float) -> None:
+        while self._events and self._events[0][0] < now - self.seconds:
+            self._events.popleft()
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    requests_active: int
+    queue_depth: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    kv_blocks_cached: int
+    prefix_cache_hits: int
+    prefill_tokens_total: int
+    decode_tokens_total: int
+    tokens_per_sec: float
+    preemptions_total: int
+
+    @classmethod
+    def take(cls, engine: Any, throughput: ThroughputWindow) -> "EngineSnapshot":
+        usage = engine.cache.usage()
+        scheduler = engine.scheduler
+        return cls(
+            requests_active=len(scheduler.running) + len(scheduler.waiting),
+            queue_depth=len(scheduler.waiting),
+            kv_blocks_total=usage.total,
+            kv_blocks_used=usage.used,
+            kv_blocks_cached=usage.cached,
+            prefix_cache_hits=usage.prefix_hit_blocks,
+            prefill_tokens_total=engine.stats.prefill_tokens_total,
+            decode_tokens_total=engine.stats.decode_tokens_total,
+            tokens_per_sec=throughput.rate(time.monotonic()),
+            preemptions_total=scheduler.num_preemptions,
+        )
+
+
+def percentiles(samples: Iterable[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    if not ordered:
+        return {"p50": 0.0, "p95": 0.0}
+
+    def pick(q: float) -> float:  # nearest rank
+        return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
+
+    return {"p50": round(pick(0.50), 3), "p95": round(pick(0.95), 3)}
+
+
+class ServerMetrics:
+    def __init__(self, snapshot_source: Any) -> None:
+        self._source = snapshot_source  # has .snapshot (an EngineSnapshot)
+        self.started = time.monotonic()
+        self.requests_total = 0
+        self.ttft_ms: deque[float] = deque(maxlen=WINDOW)
+        self.tpot_ms: deque[float] = deque(maxlen=WINDOW)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+
+    def record_request(self) -> None:
+        self.requests_total += 1
+
+    def record_latency(self, ttft_s: float | None, decode_s: float, tokens: int) -> None:
+        if ttft_s is not None:
+            self.ttft_ms.append(ttft_s * 1000)
+        if tokens > 1:
+            self.tpot_ms.append(decode_s * 1000 / (tokens - 1))
+
+    def as_json(self) -> dict[str, Any]:
+        snap = asdict(self._source.snapshot)
+        return {
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "requests_total": self.requests_total,
+            "requests_active": snap.pop("requests_active"),
+            "queue_depth": snap.pop("queue_depth"),
+            "ttft_ms": percentiles(self.ttft_ms),
+            "tpot_ms": percentiles(self.tpot_ms),
+            "tokens_per_sec": round(snap.pop("tokens_per_sec"), 3),
+            **snap,
+        }
+
+    def prometheus_text(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+COUNTERS = {"requests_total", "prefix_cache_hits", "prefill_tokens_total", "decode_tokens_total", "preemptions_total"}
+
+
+class _Collector:
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        data = self.metrics.as_json()
+        for name, value in data.items():
+            full = f"qwen_serve_{name}"
+            if isinstance(value, dict):
+                family = GaugeMetricFamily(full, f"{name} percentiles", labels=["quantile"])
+                for label, v in value.items():
+                    family.add_metric([{"p50": "0.5", "p95": "0.95"}[label]], v)
+                yield family
+            elif name in COUNTERS:
+                yield CounterMetricFamily(full.removesuffix("_total"), name, value=value)
+            else:
+                yield GaugeMetricFamily(full, name, value=value)

@@ -36,14 +36,13 @@ class Checkpoint:
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    from .gguf_checkpoint import load_gguf
+    from .hf_checkpoint import load_hf_dir
+
     p = Path(path).expanduser()
     if p.is_file() and p.suffix == ".gguf":
-        from .gguf_checkpoint import load_gguf
-
         return load_gguf(p)
     if p.is_dir():
-        from .hf_checkpoint import load_hf_dir
-
         return load_hf_dir(p)
     if p.exists():
         raise ModelLoadError(f"{p}: not a checkpoint directory or .gguf file (pickle checkpoints are never loaded)")
@@ -65,7 +64,11 @@ def _download_from_hub(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.jinja", "*.txt"]))
     except Exception as exc:  # offline, unknown repo, auth: one line for the user
-        raise ModelLoadError(f"{repo_id}: could not download from the Hugging Face hub ({type(exc).__name__}: {exc})") from exc
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ModelLoadError(
+            f"{repo_id}: not a local path, and downloading it from the Hugging Face hub failed "
+            f"({type(exc).__name__}{': ' + reason if reason else ''})"
+        ) from exc
 
 
 def read_json(path: Path) -> dict[str, Any]:

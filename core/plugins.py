@@ -1,8 +1,10 @@
 """Plugin discovery: built-ins by import path, third parties by entry point.
 
 ``QWEN_SERVE_PLUGINS`` (comma-separated entry-point names) restricts which third-party
-plugins load; set it empty to load built-ins only. Each call to ``load_registry`` builds its
-own plugin manager, so tests never share or reload a global one.
+plugins load; set it empty to load built-ins only. ``QWEN_SERVE_PLUGIN_MODULES`` (comma-separated
+import paths) registers plugin modules that are not installed, as ``pytest -p`` does, so an
+author can run the server or the conformance suite on a plugin under development. Each call to
+``load_registry`` builds its own plugin manager, so tests never share or reload a global one.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from . import hookspecs
 from .errors import PluginNotFound, PluginUnavailable
 
 ENV_VAR = "QWEN_SERVE_PLUGINS"
+MODULES_ENV_VAR = "QWEN_SERVE_PLUGIN_MODULES"
 BUILTIN_PLUGINS = {
     "torch": "qwen_serve.backends.torch_cpu.plugin",
     "mlx": "qwen_serve.backends.mlx.plugin",
@@ -97,6 +100,12 @@ def make_plugin_manager(env: Mapping[str, str] | None = None) -> pluggy.PluginMa
         for name in filter(None, (n.strip() for n in allowed.split(","))):
             if pm.get_plugin(name) is None:
                 pm.load_setuptools_entrypoints(hookspecs.PROJECT, name=name)
+    for module in filter(None, (m.strip() for m in env.get(MODULES_ENV_VAR, "").split(","))):
+        if pm.get_plugin(module) is None:
+            try:
+                pm.register(importlib.import_module(module), name=module)
+            except ImportError as exc:
+                raise PluginNotFound(f"{MODULES_ENV_VAR}: cannot import plugin module {module!r} ({exc})") from None
     return pm
 
 

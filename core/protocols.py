@@ -102,6 +102,14 @@ class Forking(Protocol):
     def fork(self, parent_id: int, child_id: int) -> None: ...
 
 
+@runtime_checkable
+class ReservesAhead(Protocol):
+    """A cache that holds memory for a sequence's longest possible length up front, so its
+    used blocks exceed the blocks its tokens fill (the cost paging removes)."""
+
+    def reserved_tokens(self, seq_id: int) -> int: ...
+
+
 @dataclass(frozen=True)
 class ScheduledChunk:
     """Tokens of one sequence to run in a step: positions [start, start + len(token_ids))."""
@@ -178,6 +186,7 @@ class Backend(Protocol):
     """A compute path: builds executors, KV storage and samplers for one array library."""
 
     name: str
+    quantizations: tuple[str, ...]  # what load_model's quant accepts, e.g. ("none", "int4")
 
     def load_model(self, checkpoint: Any, dtype: str, quant: str) -> ModelExecutor: ...
 

@@ -13,7 +13,7 @@ from qwen_serve import LLM, SamplingParams
 from qwen_serve.checkpoint import load_checkpoint
 from qwen_serve.errors import ModelLoadError
 
-from hf_reference import hf_model
+from qwen_serve.conformance.reference import hf_model
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi! How are you?"}]
 

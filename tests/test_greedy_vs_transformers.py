@@ -5,7 +5,7 @@ import pytest
 
 from qwen_serve import LLM, SamplingParams
 
-from hf_reference import hf_greedy
+from qwen_serve.conformance.reference import hf_greedy
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],

@@ -25,6 +25,7 @@ def storage_dtype(name: str) -> torch.dtype:
 
 class TorchBackend:
     name = "torch"
+    quantizations: tuple[str, ...] = ("none",)
 
     def __init__(self, num_threads: int | None = None) -> None:
         # One thread per core: more threads only fight over the same cores.

@@ -42,6 +42,9 @@ class NaiveKVCache:
     def free(self, seq_id: int) -> None:
         self._runs.pop(seq_id, None)
 
+    def reserved_tokens(self, seq_id: int) -> int:
+        return self._runs.get(seq_id, (0, 0))[1] * self.block_size
+
     def block_table(self, seq_id: int) -> Sequence[int]:
         first, count = self._runs.get(seq_id, (0, 0))
         return range(first, first + count)

@@ -68,6 +68,9 @@ class PagedKVCache:
     def block_table(self, seq_id: int) -> Sequence[int]:
         return self._tables.get(seq_id, ())
 
+    def sequence_ids(self) -> list[int]:
+        return list(self._tables)
+
     # --- prefix caching -----------------------------------------------------------------
     def match_prefix(self, seq_id: int, token_ids: Sequence[int]) -> int:
         if self._tables.get(seq_id):

@@ -1,0 +1,139 @@
+"""The conformance suite's pytest plugin (entry point ``pytest11``).
+
+    python -m pytest --pyargs qwen_serve.conformance [--backend NAME] [--kv-cache NAME]
+
+runs the six acceptance checks of SPEC §7 for every installed backend x every KV cache, each
+test printing its measured figure, and ends with a table of implementations x checks.
+"""
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from qwen_serve.plugins import load_registry
+
+from .implementations import EngineCache, Implementation, discover
+
+CHECKS = {1: "seed determinism", 2: "greedy = transformers", 3: "batching", 4: "prefix cache",
+          5: "paged KV", 6: "int4 quality"}
+RESULTS = pytest.StashKey[dict]()  # implementation id -> check number -> [(status, figures, reason)]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("qwen-serve conformance")
+    group.addoption("--backend", action="append", default=None, help="only this backend (repeatable)")
+    group.addoption("--kv-cache", action="append", default=None, help="only this KV cache (repeatable)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[RESULTS] = defaultdict(lambda: defaultdict(list))
+    config.addinivalue_line("markers", "conformance_check(number): one of the six acceptance checks")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "implementation" not in metafunc.fixturenames:
+        return
+    registry = load_registry()
+    pairs = discover(registry, metafunc.config.getoption("backend"), metafunc.config.getoption("kv_cache"))
+    params = [pytest.param(impl, id=impl.id, marks=[pytest.mark.skip(reason=reason)] if reason else [])
+              for impl, reason in pairs]
+    metafunc.parametrize("implementation", params, scope="session")
+
+
+@pytest.fixture(scope="session")
+def registry():
+    return load_registry()
+
+
+@pytest.fixture(scope="session")
+def engines(registry):
+    cache = EngineCache(registry)
+    yield cache
+    cache.clear()
+
+
+@pytest.fixture
+def figure(request):
+    """figure("2.9x speedup") attaches the measured figure to this check's table cell."""
+
+    def record(text: str) -> None:
+        request.node.user_properties.append(("conformance_figure", text))
+        print(f"[{request.node.name}] {text}")
+
+    return record
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    from .models import smollm2_gguf
+
+    return str(smollm2_gguf())
+
+
+@pytest.fixture(scope="session")
+def random_qwen3(tmp_path_factory) -> str:
+    from .models import Qwen3Geometry, make_qwen3_checkpoint
+
+    return str(make_qwen3_checkpoint(tmp_path_factory.mktemp("conformance-qwen3"), Qwen3Geometry(), seed=11))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    outcome = yield
+    report = outcome.get_result()
+    marker = item.get_closest_marker("conformance_check")
+    callspec = getattr(item, "callspec", None)
+    if marker is None or callspec is None or "implementation" not in callspec.params:
+        return
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        if hasattr(report, "wasxfail"):
+            status, reason = "xfail", report.wasxfail
+        else:
+            status = {"passed": "PASS", "failed": "FAIL", "skipped": "skip"}[report.outcome]
+            reason = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
+        figures = [v for k, v in item.user_properties if k == "conformance_figure"]
+        impl: Implementation = callspec.params["implementation"]
+        item.config.stash[RESULTS][impl.id][marker.args[0]].append((status, figures, reason))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    results = config.stash[RESULTS]
+    if not results:
+        return
+    table = summary_table(results)
+    terminalreporter.write_sep("=", "qwen-serve conformance summary")
+    terminalreporter.write_line(table)
+    target = os.environ.get("QWEN_SERVE_CONFORMANCE_SUMMARY")
+    if target:
+        Path(target).write_text(table + "\n", encoding="utf-8")
+
+
+def _cell(outcomes: list[tuple[str, list[str], str]], notes: list[str]) -> str:
+    """One check's tests combine: any FAIL fails it; else PASS if one passed; else xfail/skip."""
+    statuses = [s for s, _, _ in outcomes]
+    status = next((s for s in ("FAIL", "PASS", "xfail", "skip") if s in statuses), "-")
+    figures = [f for _, fs, _ in outcomes for f in fs]
+    reasons = sorted({r.removeprefix("Skipped: ") for s, _, r in outcomes if s == status and r})
+    cell = status + (" " + "; ".join(figures) if figures else "")
+    for reason in reasons:
+        if reason not in notes:
+            notes.append(reason)
+        cell += f" [{notes.index(reason) + 1}]"
+    return cell
+
+
+def summary_table(results: dict[str, dict[int, list]]) -> str:
+    notes: list[str] = []
+    headers = ["implementation"] + [f"{n}. {name}" for n, name in CHECKS.items()]
+    rows = [[impl] + [_cell(results[impl].get(n, []), notes) for n in CHECKS] for impl in sorted(results)]
+    widths = [max(len(r[i]) for r in [headers] + rows) for i in range(len(headers))]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    footnotes = [f"[{i}] {note}" for i, note in enumerate(notes, start=1)]
+    return "\n".join([line(headers), sep] + [line(r) for r in rows] + footnotes)

@@ -1,0 +1,51 @@
+"""Check 2: greedy output equals transformers token for token, on real SmolLM2 weights and a
+random Qwen3 checkpoint, including prompts longer than a prefill chunk and prefix-cache hits."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+
+from qwen_serve import SamplingParams
+
+from .prompts import CHAT_PROMPTS, SYSTEM_PROMPT
+from .reference import hf_greedy
+
+pytestmark = pytest.mark.conformance_check(2)
+CHUNK = 64  # small prefill chunks so the long prompts span several
+NEW_TOKENS = 24
+
+
+@lru_cache(maxsize=None)
+def reference(model: str, prompt: tuple[int, ...], eos: tuple[int, ...]) -> list[int]:
+    return hf_greedy(model, list(prompt), NEW_TOKENS, eos)
+
+
+def conversations():
+    return [
+        [{"role": "user", "content": CHAT_PROMPTS[0]}],
+        [{"role": "user", "content": CHAT_PROMPTS[4]}],
+        [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "When do you open on Saturday?"}],
+        [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "How much is colour printing?"}],
+    ]
+
+
+@pytest.mark.parametrize("model_fixture", ["smollm2", "random_qwen3"])
+def test_greedy_matches_transformers(implementation, engines, request, model_fixture, figure):
+    model = request.getfixturevalue(model_fixture)
+    llm = engines.get(implementation, model, chunk_size=CHUNK)
+    prompts = [llm.tokenizer.encode_chat(c) for c in conversations()]
+    assert max(len(p) for p in prompts) > 2 * CHUNK
+    ignore_eos = model_fixture == "random_qwen3"  # random weights may emit EOS anywhere
+    eos = () if ignore_eos else llm.config.eos_token_ids
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=ignore_eos)
+    batched = llm.generate(prompts, params)  # the two system-prompt requests share a prefix
+    alone = [llm.generate([p], params)[0] for p in prompts]  # run again: prefix-cache hits
+    matched = 0
+    for prompt, a, b in zip(prompts, batched, alone):
+        expected = reference(model, tuple(prompt), eos)
+        assert a.token_ids == expected
+        assert b.token_ids == expected
+        matched += len(expected)
+    hits = llm.parts.cache.usage().prefix_hit_blocks
+    figure(f"{model_fixture}: {matched}/{matched} tokens equal, {hits} prefix-hit blocks")

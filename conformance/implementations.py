@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwen_serve import LLM
-from qwen_serve.plugins import Registry
+from qwen_serve.registry import Registry
 
 
 @dataclass(frozen=True)

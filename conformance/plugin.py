@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from qwen_serve.plugins import load_registry
+from qwen_serve.registry import load_registry
 
 from .implementations import EngineCache, Implementation, discover
 

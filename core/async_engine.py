@@ -109,13 +109,13 @@ class AsyncEngine:
                 self._fail_all(exc)
                 continue
             self.throughput.add(time.monotonic(), len(outputs))
+            self.snapshot = EngineSnapshot.take(self.engine, self.throughput)  # before replies go out
             for out in outputs:
                 sink = self._sinks.get(out.request_id)
                 if sink is not None:
                     sink(out)
                 if out.finished:
                     self._sinks.pop(out.request_id, None)
-            self.snapshot = EngineSnapshot.take(self.engine, self.throughput)
 
     def _apply_commands(self) -> None:
         while True:

@@ -8,7 +8,7 @@ from .checkpoint import Checkpoint, load_checkpoint
 from .config import EngineConfig, ModelConfig
 from .default_model import default_model_path
 from .engine import Engine
-from .plugins import Registry, load_registry
+from .registry import Registry, load_registry
 from .protocols import Backend, KVCache, ModelExecutor
 from .tokenizer import Tokenizer
 

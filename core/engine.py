@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,8 @@ from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
 from .tokenizer import Tokenizer
+
+log = logging.getLogger("qwen_serve.engine")
 
 
 @dataclass
@@ -118,7 +121,7 @@ class Engine:
         logits = self.executor.execute(batch, self.cache)
         by_id = {s.seq_id: s for s in self.scheduler.running}
         sampled = [by_id[c.seq_id] for c in batch.chunks if c.sample]
-        result = self.sampler.sample(logits, [s.params for s in sampled], [s.generator for s in sampled])
+        tokens, logprobs = self._sample(logits, sampled)
         self.stats.steps_total += 1
 
         for chunk in batch.chunks:
@@ -132,11 +135,35 @@ class Engine:
                 self.cache.publish(seq.seq_id, seq.token_ids(), seq.num_computed)
 
         outputs = []
-        logprobs = result.logprobs or [None] * len(sampled)
         now = time.monotonic()
-        for seq, token, lp in zip(sampled, result.token_ids, logprobs):
-            outputs.append(self._append_token(seq, token, lp, now))
+        for seq, token, lp in zip(sampled, tokens, logprobs):
+            if token is None:  # this request's sampling failed; the others go on
+                self.scheduler.finish(seq, "error")
+                self.sequences.pop(seq.request_id, None)
+                outputs.append(RequestOutput(seq.request_id, [], seq.detokenizer.release(final=True), True, "error"))
+            else:
+                outputs.append(self._append_token(seq, token, lp, now))
         return outputs
+
+    def _sample(self, logits, sampled: list[Sequence]) -> tuple[list[int | None], list[dict[int, float] | None]]:
+        """All rows at once; if that raises, row by row so one bad request fails alone."""
+        try:
+            result = self.sampler.sample(logits, [s.params for s in sampled], [s.generator for s in sampled])
+            return list(result.token_ids), list(result.logprobs or [None] * len(sampled))
+        except Exception:
+            log.exception("sampling a batch of %d rows failed; retrying row by row", len(sampled))
+        tokens: list[int | None] = []
+        logprobs: list[dict[int, float] | None] = []
+        for i, seq in enumerate(sampled):
+            try:
+                result = self.sampler.sample(logits[i:i + 1], [seq.params], [seq.generator])
+                tokens.append(result.token_ids[0])
+                logprobs.append(result.logprobs[0] if result.logprobs else None)
+            except Exception:
+                log.exception("sampling failed for request %s", seq.request_id)
+                tokens.append(None)
+                logprobs.append(None)
+        return tokens, logprobs
 
     def _append_token(self, seq: Sequence, token: int, logprobs: dict[int, float] | None, now: float) -> RequestOutput:
         if seq.first_token_time is None:

@@ -135,6 +135,8 @@ class ChatServer:
                 reply.add(out, self.tokenizer, req.top_logprobs)
         except EngineFailure as exc:
             return json_response(error_body(str(exc), type_="server_error"), status=500)
+        if reply.finish_reason == "error":
+            return json_response(error_body("internal error while generating", type_="server_error"), status=500)
         self._record(reply)
         return json_response(completion_response(
             reply.id, reply.model, reply.created, "".join(reply.texts), reply.finish_reason,
@@ -150,6 +152,8 @@ class ChatServer:
                 if out.new_text or logprobs:
                     await response.write(sse(chunk(reply.id, reply.model, reply.created, {"content": out.new_text},
                                                    logprobs=logprobs)))
+                if out.finished and out.finish_reason == "error":
+                    raise EngineFailure("internal error while generating")
                 if out.finished:
                     await response.write(sse(chunk(reply.id, reply.model, reply.created, {}, out.finish_reason,
                                                    usage_block=usage(reply.prompt_tokens, reply.completion_tokens))))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .builder import EngineParts, build_engine
-from .plugins import Registry
+from .registry import Registry
 from .sampling_params import SamplingParams
 
 

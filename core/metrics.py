@@ -6,6 +6,7 @@ that reads the same figures the JSON shows.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -73,8 +74,8 @@ def percentiles(samples: Iterable[float]) -> dict[str, float]:
     if not ordered:
         return {"p50": 0.0, "p95": 0.0}
 
-    def pick(q: float) -> float:  # nearest rank
-        return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
+    def pick(q: float) -> float:  # nearest rank: the smallest sample with at least q of them at or below
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
     return {"p50": round(pick(0.50), 3), "p95": round(pick(0.95), 3)}
 

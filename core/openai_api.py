@@ -6,6 +6,7 @@ OpenAI clients send extras. Every rejection is an InvalidRequest naming the para
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -31,8 +32,8 @@ def _number(body: dict, name: str, default: float, low: float, high: float, *, l
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequest(f"'{name}' must be a number", param=name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequest(f"'{name}' must be a finite number", param=name)
     if value < low or value > high or (low_open and value == low):
         bracket = "(" if low_open else "["
         raise InvalidRequest(f"'{name}' must be in {bracket}{low}, {high}], got {value}", param=name)

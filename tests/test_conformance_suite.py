@@ -32,7 +32,7 @@ def test_a_leaking_cache_fails_check_5(run_suite, monkeypatch):
 
 
 def test_the_installed_example_plugin_is_found_through_its_entry_point(run_suite):
-    from qwen_serve.plugins import load_registry
+    from qwen_serve.registry import load_registry
 
     if "audited-paged" not in load_registry().kv_caches:
         pytest.fail("install the example plugin first: pip install -e examples/audited-kv-cache")

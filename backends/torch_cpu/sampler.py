@@ -31,7 +31,8 @@ class TorchSampler:
 
     @staticmethod
     def _draw(row: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
-        scaled = row / p.temperature
+        # float64 and max-subtracted: a temperature as small as 1e-300 must not overflow to NaN
+        scaled = (row.double() - row.max()) / p.temperature
         if 0 < p.top_k < scaled.numel():
             kth = torch.topk(scaled, p.top_k).values[-1]
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))

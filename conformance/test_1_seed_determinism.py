@@ -31,15 +31,15 @@ def test_seeded_requests_through_http_under_concurrency(implementation, smollm2,
 
     message = [{"role": "user", "content": "Describe a sunset over the ocean."}]
     body = dict(messages=message, seed=7, **PARAMS)
-    with running_server(implementation, smollm2) as base_url:
-        alone = chat(base_url, body)
+    with running_server(implementation, smollm2) as server:
+        alone = chat(server, body)
         with ThreadPoolExecutor(max_workers=6) as pool:
-            crowd = [pool.submit(chat, base_url, dict(messages=[{"role": "user", "content": p}], seed=i, **PARAMS))
+            crowd = [pool.submit(chat, server, dict(messages=[{"role": "user", "content": p}], seed=i, **PARAMS))
                      for i, p in enumerate(CHAT_PROMPTS[:4])]
-            again = [pool.submit(chat, base_url, body) for _ in range(2)]
+            again = [pool.submit(chat, server, body) for _ in range(2)]
             results = [f.result() for f in again]
             [f.result() for f in crowd]
-        other_seed = chat(base_url, dict(body, seed=8))
+        other_seed = chat(server, dict(body, seed=8))
     assert all(r == alone for r in results)
     assert other_seed != alone
     figure("HTTP: 3/3 identical under concurrency")

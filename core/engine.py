@@ -14,7 +14,7 @@ from .errors import InvalidRequest
 from .protocols import KVCache, ModelExecutor, PrefixCaching, Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
-from .sequence import Sequence, Status
+from .sequence import Sequence
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("qwen_serve.engine")

@@ -1,11 +1,12 @@
-"""Registers the MLX backend by name so that choosing it without mlx installed says what to
-install. The implementation lands with the MLX issue; until then choosing it says so."""
-from qwen_serve.errors import PluginUnavailable
+"""Registers the MLX backend by name; mlx itself is imported only when the backend is chosen,
+so selecting it without mlx installed gives the one-line error naming the extra to install."""
 from qwen_serve.hookspecs import hookimpl
 
 
 def _load():
-    raise PluginUnavailable("backend 'mlx' is registered but not implemented yet; use --backend torch")
+    from .backend import MLXBackend
+
+    return MLXBackend()
 
 
 @hookimpl

@@ -1,0 +1,73 @@
+"""Key/value arrays for every layer, addressed by slot, grown a slab of blocks at a time.
+
+MLX is lazy: ``a[slots] = x`` only records a scatter. Each mutation is evaluated at once, so
+the stored arrays never carry a graph from one step into the next (and MLX updates the buffer
+in place, since nothing else holds the old version), and the engine may run on another thread
+than the one that built the storage: MLX evaluates pending work only on the thread that
+recorded it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+
+class MLXKVStorage:
+    def __init__(
+        self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype,
+        block_size: int, slab_blocks: int, max_blocks: int,
+    ) -> None:
+        self.block_size = block_size
+        self.slab_blocks = slab_blocks
+        self.max_blocks = max_blocks
+        self.dtype = dtype
+        shape = (0, num_kv_heads, head_dim)
+        self.keys = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.values = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        mx.eval(self.keys, self.values)
+        self.capacity_blocks = 0
+
+    def ensure_blocks(self, num_blocks: int) -> None:
+        if num_blocks <= self.capacity_blocks:
+            return
+        if num_blocks > self.max_blocks:
+            raise ValueError(f"block id {num_blocks - 1} is outside the pool of {self.max_blocks} blocks")
+        slabs = -(-num_blocks // self.slab_blocks)
+        new_blocks = min(self.max_blocks, slabs * self.slab_blocks)
+        extra = (new_blocks - self.capacity_blocks) * self.block_size
+        for arrays in (self.keys, self.values):
+            for i, old in enumerate(arrays):
+                arrays[i] = mx.concatenate([old, mx.zeros((extra, *old.shape[1:]), dtype=self.dtype)])
+        mx.eval(self.keys, self.values)
+        self.capacity_blocks = new_blocks
+
+    def write(self, layer: int, slots: Any, keys: mx.array, values: mx.array) -> None:
+        slots = _as_index(slots)
+        self.keys[layer][slots] = keys.astype(self.dtype)
+        self.values[layer][slots] = values.astype(self.dtype)
+        mx.eval(self.keys[layer], self.values[layer])
+
+    def read(self, layer: int, slots: Any) -> tuple[mx.array, mx.array]:
+        """One gather per call, whatever the shape of slots; returns float32."""
+        slots = _as_index(slots)
+        flat = slots.reshape(-1)
+        k, v = self.keys[layer][flat], self.values[layer][flat]
+        if self.dtype != mx.float32:
+            k, v = k.astype(mx.float32), v.astype(mx.float32)
+        shape = (*slots.shape, *k.shape[1:])
+        return k.reshape(shape), v.reshape(shape)
+
+    def copy_block(self, src: int, dst: int) -> None:
+        bs = self.block_size
+        for arrays in (self.keys, self.values):
+            for a in arrays:
+                a[dst * bs:(dst + 1) * bs] = a[src * bs:(src + 1) * bs]
+        mx.eval(self.keys, self.values)
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (*self.keys, *self.values))
+
+
+def _as_index(slots: Any) -> mx.array:
+    return slots if isinstance(slots, mx.array) else mx.array(slots, dtype=mx.int32)

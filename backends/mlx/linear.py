@@ -1,0 +1,81 @@
+"""Linear layers on MLX: float weights, and int4 weights converted from the canonical format.
+
+Compute is float32. The canonical int4 layout (``qwen_serve.int4``) is already MLX's affine
+4-bit layout: code j of a row sits in bits 4 * (j % 8) of 32-bit word j // 8, and a weight is
+``code * scale + bias`` with one scale and bias per 64 inputs. So the packed bytes are
+reinterpreted as uint32 words (little-endian) and scale/zero become scales/biases as they are.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Union
+
+import mlx.core as mx
+import numpy as np
+
+from qwen_serve.int4 import GROUP as INT4_GROUP, Int4Weight
+
+INT4_BITS = 4
+
+
+class DenseLinear:
+    def __init__(self, weight: mx.array, bias: mx.array | None = None) -> None:
+        self.weight = weight
+        self.bias = None if bias is None else bias.astype(mx.float32)
+        self.out_features, self.in_features = weight.shape
+
+    def __call__(self, x: mx.array) -> mx.array:
+        w = self.weight if self.weight.dtype == mx.float32 else self.weight.astype(mx.float32)
+        y = x @ w.T  # a transposed view: BLAS reads the [out, in] weight as it is
+        return y if self.bias is None else y + self.bias
+
+    def rows(self, ids: mx.array) -> mx.array:
+        """float32 rows (an embedding lookup in the same weight)."""
+        return self.weight[ids].astype(mx.float32)
+
+    def dequantize(self) -> mx.array:
+        return self.weight
+
+    def nbytes(self) -> int:
+        return self.weight.nbytes
+
+
+class Int4Linear:
+    """y = x @ W.T with W in 4-bit codes, through mx.quantized_matmul."""
+
+    def __init__(self, packed: np.ndarray, scale: np.ndarray, zero: np.ndarray, bias: mx.array | None = None) -> None:
+        if sys.byteorder != "little":
+            raise RuntimeError("int4 conversion to MLX words assumes a little-endian host")
+        self.out_features, self.in_features = packed.shape[0], packed.shape[1] * 2
+        self.weight = mx.array(np.ascontiguousarray(packed).view(np.uint32))  # [out, in / 8]
+        self.scales = mx.array(scale)  # float16 [out, in / 64], exact canonical values
+        self.biases = mx.array(zero)
+        self.bias = None if bias is None else bias.astype(mx.float32)
+
+    @classmethod
+    def from_canonical(cls, q: Int4Weight, bias: mx.array | None = None) -> "Int4Linear":
+        return cls(q.packed, q.scale, q.zero, bias)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = mx.quantized_matmul(x, self.weight, self.scales, self.biases, transpose=True,
+                                group_size=INT4_GROUP, bits=INT4_BITS)
+        return y if self.bias is None else y + self.bias
+
+    def rows(self, ids: mx.array) -> mx.array:
+        """Dequantized float32 rows (an embedding lookup in the same weight)."""
+        return _dequantize(self.weight[ids], self.scales[ids], self.biases[ids])
+
+    def dequantize(self) -> mx.array:
+        return _dequantize(self.weight, self.scales, self.biases)
+
+    def nbytes(self) -> int:
+        return self.weight.nbytes + self.scales.nbytes + self.biases.nbytes
+
+
+def _dequantize(words: mx.array, scales: mx.array, biases: mx.array) -> mx.array:
+    # float32 scales, so the result is float32 (with float16 ones it would be rounded to float16)
+    return mx.dequantize(words, scales.astype(mx.float32), biases.astype(mx.float32),
+                         group_size=INT4_GROUP, bits=INT4_BITS)
+
+
+Linear = Union[DenseLinear, Int4Linear]

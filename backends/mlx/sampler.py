@@ -1,0 +1,76 @@
+"""Sampling in the fixed order of SPEC §3: temperature 0 -> argmax (first maximum); otherwise
+logits / T -> top-k -> softmax -> top-p (at least one token kept) -> one draw.
+
+A request's randomness is an MLX PRNG key made once from its seed and split for every draw,
+so the same seed replays the same draws whatever else shares the batch.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import mlx.core as mx
+
+from qwen_serve.protocols import SampleResult
+from qwen_serve.sampling_params import SamplingParams
+
+
+class RequestKey:
+    """A request's PRNG key chain: seeded once, split per draw."""
+
+    def __init__(self, seed: int) -> None:
+        self.key = mx.random.key(seed)
+        mx.eval(self.key)  # usable from any thread: MLX evaluates only on the recording thread
+
+    def next(self) -> mx.array:
+        self.key, draw = mx.random.split(self.key)
+        mx.eval(self.key, draw)
+        return draw
+
+
+class MLXSampler:
+    def make_generator(self, seed: int) -> RequestKey:
+        return RequestKey(seed)
+
+    def sample(self, logits: mx.array, params: Sequence[SamplingParams], generators: Sequence[RequestKey]) -> SampleResult:
+        logits = logits.astype(mx.float32)
+        greedy = mx.argmax(logits, axis=-1).tolist() if any(p.greedy for p in params) else []
+        tokens: list[int] = []
+        logprobs: list[dict[int, float] | None] = []
+        for i, (p, key) in enumerate(zip(params, generators)):
+            row = logits[i]
+            token = greedy[i] if p.greedy else self._draw(row, p, key)
+            tokens.append(token)
+            logprobs.append(None if p.logprobs is None else top_logprobs(row, p.logprobs, token))
+        return SampleResult(tokens, logprobs)
+
+    @staticmethod
+    def _draw(row: mx.array, p: SamplingParams, key: RequestKey) -> int:
+        # float64 and max-subtracted: a temperature as small as 1e-300 must not overflow to NaN
+        # (float64 runs on the CPU stream: MLX's GPU has none)
+        with mx.stream(mx.cpu):
+            row = row.astype(mx.float64)
+            scaled = (row - row.max()) / p.temperature
+            if 0 < p.top_k < scaled.size:
+                kth = mx.topk(scaled, p.top_k).min()
+                scaled = mx.where(scaled < kth, -mx.inf, scaled)
+            probs = mx.softmax(scaled, axis=-1)
+            order = None
+            if p.top_p < 1.0:
+                order = mx.argsort(-probs)
+                probs = probs[order]
+                mass_before = mx.cumsum(probs) - probs
+                probs = mx.where(mass_before >= p.top_p, 0.0, probs)  # index 0 always stays
+            index = mx.random.categorical(mx.log(probs).astype(mx.float32), key=key.next())
+            return int((index if order is None else order[index]).item())
+
+
+def top_logprobs(row: mx.array, k: int, chosen: int) -> dict[int, float]:
+    """The model's log-probabilities (before temperature or filters): top k plus the chosen token."""
+    logp = row - mx.logsumexp(row)
+    out = {chosen: logp[chosen].item()}
+    if k > 0:
+        ids = mx.argpartition(-logp, k - 1)[:k]
+        values = logp[ids]
+        order = mx.argsort(-values)
+        out.update(zip(ids[order].tolist(), values[order].tolist()))
+    return out

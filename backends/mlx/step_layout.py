@@ -1,0 +1,92 @@
+"""Per-step index arrays shared by every layer, built once per step from block tables.
+
+The step's tokens are laid out decodes first, then each prefill chunk: every op but attention
+works token by token, so the row order is ours to choose, and with this one the attention
+outputs (one call for all single-token chunks, one per prefill chunk) simply concatenate.
+``sample_rows`` puts the logits back in the engine's chunk order. Every history a layer needs
+is gathered by one read of ``read_slots``: the padded decode histories, then each prefill's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from qwen_serve.protocols import ScheduledChunk, StepBatch
+
+
+@dataclass(frozen=True)
+class PrefillSpan:
+    rows: slice  # this chunk's queries among the step's rows
+    keys: slice  # its history (positions 0 .. start + n - 1) within the step's one read
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    token_ids: mx.array  # [T] in row order
+    positions: mx.array  # [T]
+    write_slots: mx.array  # [T]
+    read_slots: mx.array  # [B * decode_len + sum of prefill history lengths]
+    num_decodes: int  # B: rows 0 .. B - 1 are single-token chunks
+    decode_len: int  # longest decode history; shorter ones are padded and masked
+    decode_mask: mx.array | None  # [B, 1, 1, decode_len], True = may attend; None if unpadded
+    prefills: list[PrefillSpan]
+    sample_rows: mx.array  # rows whose logits are wanted, in chunk order
+
+
+def slots_for(block_table: Sequence[int], block_size: int, stop: int) -> np.ndarray:
+    """Slots of positions 0 .. stop - 1 through a block table, vectorized."""
+    n_blocks = -(-stop // block_size)
+    blocks = np.asarray(block_table[:n_blocks], dtype=np.int64)
+    return (blocks[:, None] * block_size + np.arange(block_size)).reshape(-1)[:stop]
+
+
+def build_layout(batch: StepBatch, block_size: int, block_table: Callable[[int], Sequence[int]]) -> StepLayout:
+    decodes = [c for c in batch.chunks if len(c.token_ids) == 1]
+    prefills = [c for c in batch.chunks if len(c.token_ids) > 1]
+    ordered: list[ScheduledChunk] = decodes + prefills
+    histories = [slots_for(block_table(c.seq_id), block_size, c.start + len(c.token_ids)) for c in ordered]
+
+    last_row: dict[int, int] = {}
+    row = 0
+    for chunk in ordered:
+        row += len(chunk.token_ids)
+        last_row[id(chunk)] = row - 1
+    sample_rows = [last_row[id(c)] for c in batch.chunks if c.sample]
+
+    decode_hist = histories[:len(decodes)]
+    lengths = np.array([len(h) for h in decode_hist], dtype=np.int64)
+    decode_len = int(lengths.max(initial=0))
+    padded = np.zeros((len(decodes), decode_len), dtype=np.int64)  # slot 0 stands in for padding
+    for i, h in enumerate(decode_hist):
+        padded[i, :len(h)] = h
+    mask = None
+    if len(decodes) and (lengths < decode_len).any():
+        mask = mx.array((np.arange(decode_len)[None, :] < lengths[:, None])[:, None, None, :])
+
+    spans, reads = [], [padded.reshape(-1)]
+    row, key = len(decodes), padded.size
+    for chunk, history in zip(prefills, histories[len(decodes):]):
+        n = len(chunk.token_ids)
+        spans.append(PrefillSpan(slice(row, row + n), slice(key, key + len(history))))
+        reads.append(history)
+        row += n
+        key += len(history)
+
+    return StepLayout(
+        token_ids=_index([t for c in ordered for t in c.token_ids]),
+        positions=_index(np.concatenate([np.arange(c.start, c.start + len(c.token_ids)) for c in ordered])),
+        write_slots=_index(np.concatenate([h[c.start:] for c, h in zip(ordered, histories)])),
+        read_slots=_index(np.concatenate(reads)),
+        num_decodes=len(decodes),
+        decode_len=decode_len,
+        decode_mask=mask,
+        prefills=spans,
+        sample_rows=_index(sample_rows),
+    )
+
+
+def _index(values) -> mx.array:
+    return mx.array(np.asarray(values, dtype=np.int32))

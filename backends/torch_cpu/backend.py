@@ -1,19 +1,34 @@
-"""The torch CPU backend: loads checkpoints into plain tensors and runs them eagerly."""
+"""The torch CPU backend: loads checkpoints into plain tensors and runs them eagerly.
+
+With quant "int4" each projection is quantized to the canonical int4 format as its tensor
+arrives (one float tensor alive at a time, so loading never holds the float model), and the
+embedding, which a tied lm_head shares, becomes int8 rows: on SmolLM2 an int8 table measured the
+same top-5 agreement with float as a float table, an int4 one 2-3 points lower, for 65 MB less
+on Qwen3-0.6B (``python benchmarks/bench_quant.py --only quality``).
+"""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
+from functools import lru_cache
 
 import torch
 
+from qwen_serve import int4
 from qwen_serve.checkpoint import Checkpoint
 from qwen_serve.config import ModelConfig
 from qwen_serve.errors import ModelLoadError
 
+from .int4_linear import Int4Linear, Int8Linear, Scratch, quantizable
 from .kv_storage import TorchKVStorage
+from .linear import DenseLinear
 from .model import DecoderModel
 from .sampler import TorchSampler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZATIONS = ("none", "int4")
+TABLE_NAMES = ("model.embed_tokens.weight", "lm_head.weight")  # the vocabulary-sized matrices
 
 
 def storage_dtype(name: str) -> torch.dtype:
@@ -25,21 +40,37 @@ def storage_dtype(name: str) -> torch.dtype:
 
 class TorchBackend:
     name = "torch"
-    quantizations: tuple[str, ...] = ("none",)
+    quantizations = QUANTIZATIONS
 
-    def __init__(self, num_threads: int | None = None) -> None:
+    def __init__(self, num_threads: int | None = None, head_quant: str = "int8") -> None:
         # One thread per core: more threads only fight over the same cores.
         torch.set_num_threads(num_threads or os.cpu_count() or 1)
+        if head_quant not in ("none", "int8", "int4"):
+            raise ValueError(f"head_quant must be none, int8 or int4, got {head_quant!r}")
+        self.head_quant = head_quant  # how the embedding / lm_head is stored under quant "int4"
 
     def load_model(self, checkpoint: Checkpoint, dtype: str = "float32", quant: str = "none") -> DecoderModel:
-        if quant != "none":
-            raise ModelLoadError(f"quantization {quant!r} is not available in the torch backend yet")
+        if quant not in QUANTIZATIONS:
+            raise ModelLoadError(f"unknown quantization {quant!r} for the torch backend; choose one of {', '.join(QUANTIZATIONS)}")
         target = storage_dtype(dtype)
+        scratch = Scratch()  # one dequantization buffer for the whole model
         weights = {}
         for name, array in checkpoint.tensors("pt"):
             tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(array)
-            weights[name] = tensor.to(target)
-        return DecoderModel(checkpoint.config, weights)
+            weights[name] = self._convert(name, tensor, target, quant, scratch)
+            if quant != "none":
+                del tensor, array
+                _return_freed_heap()
+        return DecoderModel(checkpoint.config, weights, make_linear=_as_linear)
+
+    def _convert(self, name: str, tensor: torch.Tensor, target: torch.dtype, quant: str, scratch: Scratch):
+        if quant == "int4":
+            kind = self.head_quant if name in TABLE_NAMES else "int4" if name.endswith("_proj.weight") else "none"
+            if kind == "int4" and quantizable(tensor):
+                return Int4Linear(int4.quantize(tensor.float().numpy()), scratch=scratch)
+            if kind == "int8":
+                return Int8Linear(tensor, scratch=scratch)
+        return tensor.to(target)
 
     def create_kv_storage(
         self, config: ModelConfig, dtype: str, block_size: int, slab_blocks: int, max_blocks: int
@@ -51,3 +82,31 @@ class TorchBackend:
 
     def create_sampler(self) -> TorchSampler:
         return TorchSampler()
+
+
+@lru_cache(maxsize=1)
+def _libc():
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+def _return_freed_heap() -> None:
+    """Hand the float temporaries of the last quantized tensor back to the OS. Without this glibc
+    keeps them: the small kept int4 arrays pin the heap between them, and quantizing Qwen3-0.6B
+    left ~800 MiB of freed memory resident (1.5 GiB RSS for 385 MiB of weights)."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def _as_linear(weight, bias):
+    """A float tensor becomes a DenseLinear; a layer quantized while loading is used as is."""
+    if isinstance(weight, torch.Tensor):
+        return DenseLinear(weight, bias)
+    if bias is not None:
+        weight.bias = bias.float()
+    return weight

@@ -1,5 +1,5 @@
 """Float linear layers. Compute is always float32: bf16 matmul on CPUs without AMX/AVX512-BF16
-runs ~100x slower than fp32 here, so bf16 only saves memory (weights upcast per call)."""
+runs ~100x slower than fp32 there, so bf16 only saves memory (weights upcast per call)."""
 from __future__ import annotations
 
 import torch
@@ -15,6 +15,13 @@ class DenseLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight if self.weight.dtype == torch.float32 else self.weight.float()
         return F.linear(x, w, self.bias)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the weight as float32 (an embedding lookup when this is a tied embedding)."""
+        return self.weight.index_select(0, ids).float()
+
+    def dequantize(self) -> torch.Tensor:
+        return self.weight.float()
 
     def nbytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()

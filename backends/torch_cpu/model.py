@@ -59,7 +59,9 @@ class DecoderModel:
         def linear(prefix: str):
             return make_linear(take(f"{prefix}.weight"), weights.pop(f"{prefix}.bias", None))
 
-        self.embed = take("model.embed_tokens.weight")
+        # The embedding is a linear-like table (lookup() gives rows): float, or quantized by the
+        # backend while loading; a tied lm_head is the very same object.
+        self.embed = make_linear(take("model.embed_tokens.weight"), None)
         self.layers = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}"
@@ -80,18 +82,16 @@ class DecoderModel:
         head = weights.pop("lm_head.weight", None)
         if head is None and not c.tie_word_embeddings:
             raise ModelLoadError("checkpoint lacks lm_head.weight and does not tie embeddings")
-        self.lm_head = make_linear(self.embed if head is None else head, None)
+        self.lm_head = self.embed if head is None else make_linear(head, None)
         if weights:
             raise ModelLoadError(f"checkpoint has unexpected tensors, e.g. {sorted(weights)[:3]}")
         self.attention = CachedAttention(scale=c.head_dim ** -0.5)
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
 
     def weight_bytes(self) -> int:
-        linears = [self.lm_head] + [getattr(l, n) for l in self.layers for n in
-                                    ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")]
-        total = sum(lin.nbytes() for lin in linears)
-        if self.lm_head.weight is not self.embed:
-            total += self.embed.numel() * self.embed.element_size()
+        linears = [self.embed, self.lm_head] + [getattr(l, n) for l in self.layers for n in
+                                                ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")]
+        total = sum(lin.nbytes() for lin in {id(lin): lin for lin in linears}.values())  # a tied head counts once
         norms = [self.norm] + [t for l in self.layers for t in (l.input_norm, l.post_norm, l.q_norm, l.k_norm) if t is not None]
         return total + sum(t.numel() * t.element_size() for t in norms)
 
@@ -99,7 +99,7 @@ class DecoderModel:
     def execute(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         step = build_layout(batch, cache)
         token_ids = torch.as_tensor([t for c in batch.chunks for t in c.token_ids], dtype=torch.long)
-        hidden = self.embed.index_select(0, token_ids).float()
+        hidden = self.embed.lookup(token_ids)
         cos, sin = self._rope(step.positions)
         for index, layer in enumerate(self.layers):
             hidden = hidden + self._attention_block(index, layer, rms_norm(hidden, layer.input_norm, self.config.rms_norm_eps), cos, sin, cache, step)

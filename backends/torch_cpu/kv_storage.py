@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from qwen_serve.kv.slabs import grown_capacity
+
 
 class TorchKVStorage:
     def __init__(
@@ -20,12 +22,9 @@ class TorchKVStorage:
         self.capacity_blocks = 0
 
     def ensure_blocks(self, num_blocks: int) -> None:
-        if num_blocks <= self.capacity_blocks:
+        new_blocks = grown_capacity(num_blocks, self.capacity_blocks, self.slab_blocks, self.max_blocks)
+        if new_blocks is None:
             return
-        if num_blocks > self.max_blocks:
-            raise ValueError(f"block id {num_blocks - 1} is outside the pool of {self.max_blocks} blocks")
-        slabs = -(-num_blocks // self.slab_blocks)
-        new_blocks = min(self.max_blocks, slabs * self.slab_blocks)
         old_slots = self.capacity_blocks * self.block_size
         for tensors in (self.keys, self.values):
             for i, old in enumerate(tensors):

@@ -12,34 +12,27 @@ from typing import Any
 
 import mlx.core as mx
 
-from qwen_serve.kv.slabs import grown_capacity
+from qwen_serve.kv.slabs import SlabGrownStorage
 
 
-class MLXKVStorage:
+class MLXKVStorage(SlabGrownStorage):
     def __init__(
         self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: mx.Dtype,
         block_size: int, slab_blocks: int, max_blocks: int,
     ) -> None:
-        self.block_size = block_size
-        self.slab_blocks = slab_blocks
-        self.max_blocks = max_blocks
+        super().__init__(block_size, slab_blocks, max_blocks)
         self.dtype = dtype
         shape = (0, num_kv_heads, head_dim)
         self.keys = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         self.values = [mx.zeros(shape, dtype=dtype) for _ in range(num_layers)]
         mx.eval(self.keys, self.values)
-        self.capacity_blocks = 0
 
-    def ensure_blocks(self, num_blocks: int) -> None:
-        new_blocks = grown_capacity(num_blocks, self.capacity_blocks, self.slab_blocks, self.max_blocks)
-        if new_blocks is None:
-            return
+    def _grow(self, new_blocks: int) -> None:
         extra = (new_blocks - self.capacity_blocks) * self.block_size
         for arrays in (self.keys, self.values):
             for i, old in enumerate(arrays):
                 arrays[i] = mx.concatenate([old, mx.zeros((extra, *old.shape[1:]), dtype=self.dtype)])
         mx.eval(self.keys, self.values)
-        self.capacity_blocks = new_blocks
 
     def write(self, layer: int, slots: Any, keys: mx.array, values: mx.array) -> None:
         slots = _as_index(slots)

@@ -4,34 +4,27 @@ from __future__ import annotations
 
 import torch
 
-from qwen_serve.kv.slabs import grown_capacity
+from qwen_serve.kv.slabs import SlabGrownStorage
 
 
-class TorchKVStorage:
+class TorchKVStorage(SlabGrownStorage):
     def __init__(
         self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
         block_size: int, slab_blocks: int, max_blocks: int,
     ) -> None:
-        self.block_size = block_size
-        self.slab_blocks = slab_blocks
-        self.max_blocks = max_blocks
+        super().__init__(block_size, slab_blocks, max_blocks)
         self.dtype = dtype
         shape = (0, num_kv_heads, head_dim)
         self.keys = [torch.empty(shape, dtype=dtype) for _ in range(num_layers)]
         self.values = [torch.empty(shape, dtype=dtype) for _ in range(num_layers)]
-        self.capacity_blocks = 0
 
-    def ensure_blocks(self, num_blocks: int) -> None:
-        new_blocks = grown_capacity(num_blocks, self.capacity_blocks, self.slab_blocks, self.max_blocks)
-        if new_blocks is None:
-            return
+    def _grow(self, new_blocks: int) -> None:
         old_slots = self.capacity_blocks * self.block_size
         for tensors in (self.keys, self.values):
             for i, old in enumerate(tensors):
                 grown = torch.empty((new_blocks * self.block_size, *old.shape[1:]), dtype=self.dtype)
                 grown[:old_slots] = old
                 tensors[i] = grown
-        self.capacity_blocks = new_blocks
 
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         self.keys[layer].index_copy_(0, slots, keys.to(self.dtype))

@@ -25,7 +25,11 @@ class ChatRequest:
     params: SamplingParams
     stream: bool
     model: str | None
-    top_logprobs: int | None  # None: no logprobs wanted
+
+    @property
+    def top_logprobs(self) -> int | None:
+        """How many alternatives per token; None when no logprobs were asked for."""
+        return self.params.logprobs
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
@@ -131,7 +135,7 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
-    return ChatRequest(messages, params, stream, model, (top_logprobs or 0) if logprobs else None)
+    return ChatRequest(messages, params, stream, model)
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,

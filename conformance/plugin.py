@@ -19,6 +19,7 @@ from .implementations import EngineCache, Implementation, discover
 
 CHECKS = {1: "seed determinism", 2: "greedy = transformers", 3: "batching", 4: "prefix cache",
           5: "paged KV", 6: "int4 quality"}
+REGISTRY = pytest.StashKey[object]()  # loaded once per session: entry points are scanned once
 RESULTS = pytest.StashKey[dict]()  # implementation id -> check number -> [(status, figures, reason)]
 
 
@@ -36,16 +37,22 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "implementation" not in metafunc.fixturenames:
         return
-    registry = load_registry()
+    registry = session_registry(metafunc.config)
     pairs = discover(registry, metafunc.config.getoption("backend"), metafunc.config.getoption("kv_cache"))
     params = [pytest.param(impl, id=impl.id, marks=[pytest.mark.skip(reason=reason)] if reason else [])
               for impl, reason in pairs]
     metafunc.parametrize("implementation", params, scope="session")
 
 
+def session_registry(config: pytest.Config):
+    if REGISTRY not in config.stash:
+        config.stash[REGISTRY] = load_registry()
+    return config.stash[REGISTRY]
+
+
 @pytest.fixture(scope="session")
-def registry():
-    return load_registry()
+def registry(pytestconfig):
+    return session_registry(pytestconfig)
 
 
 @pytest.fixture(scope="session")

@@ -14,13 +14,15 @@ Pure numpy: the core imports no tensor framework.
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 GROUP = 64
 LEVELS = 15  # the largest 4-bit code
-_ROWS_PER_PASS = 4096  # bounds the float temporaries when quantizing a 151936-row embedding
+_ROWS_PER_PASS = 256  # rows per block: small enough for the cache, and bounds the temporaries
 
 
 @dataclass(frozen=True)
@@ -42,34 +44,118 @@ def can_quantize(shape: tuple[int, ...]) -> bool:
     return len(shape) == 2 and shape[1] % GROUP == 0 and shape[1] > 0
 
 
-def quantize(weight: np.ndarray) -> Int4Weight:
-    """float [out, in] -> Int4Weight; in must be a multiple of GROUP."""
+def quantize(weight: np.ndarray, importance: np.ndarray | None = None) -> Int4Weight:
+    """float [out, in] -> Int4Weight; in must be a multiple of GROUP.
+
+    ``importance`` ([in], non-negative) says how much an error in each input column costs: the
+    mean square of the activations that column multiplies, measured on calibration text (see
+    qwen_serve.calibration). Without it every column counts the same.
+    """
     w = np.asarray(weight)
     if not can_quantize(w.shape):
         raise ValueError(f"int4 needs a 2-D weight whose input width is a multiple of {GROUP}; got shape {w.shape}")
     rows, cols = w.shape
+    if importance is None:
+        importance = np.ones(cols, dtype=np.float32)
+    importance = np.asarray(importance, dtype=np.float32)
+    if importance.shape != (cols,) or not np.all(np.isfinite(importance)) or np.any(importance < 0):
+        raise ValueError(f"importance must be {cols} finite non-negative numbers, one per input column")
     packed = np.empty((rows, cols // 2), dtype=np.uint8)
     scale = np.empty((rows, cols // GROUP), dtype=np.float16)
     zero = np.empty((rows, cols // GROUP), dtype=np.float16)
-    for start in range(0, rows, _ROWS_PER_PASS):
+    column_weights = importance.reshape(1, cols // GROUP, GROUP)
+
+    def quantize_block(start: int) -> None:
         stop = min(rows, start + _ROWS_PER_PASS)
-        packed[start:stop], scale[start:stop], zero[start:stop] = _quantize_rows(w[start:stop])
+        packed[start:stop], scale[start:stop], zero[start:stop] = _quantize_rows(w[start:stop], column_weights)
+
+    # numpy releases the GIL inside its loops, so blocks of rows run in parallel on threads.
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        list(pool.map(quantize_block, range(0, rows, _ROWS_PER_PASS)))
     return Int4Weight(packed, scale, zero)
 
 
-def _quantize_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+# Candidate grids per group: step = (max - min) / (LEVELS + offset). Offset 0 is the min-max grid
+# (tried first, so it wins ties); positive offsets give finer steps that clip the largest values,
+# negative ones coarser steps centred on the range. Eight candidates, each refitted once, took
+# SmolLM2's top-5 agreement with float from 71% (min-max alone) to 83%; more gained < 1 point.
+STEP_OFFSETS = (0.0, -1.0, -0.5, 0.5, 1.0, 1.5, 2.0, 3.0)
+
+
+def _quantize_rows(w: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group, the (scale, zero) with the least importance-weighted squared error among the
+    candidate grids, each refitted once by weighted least squares for the codes it chose."""
     groups = w.astype(np.float32).reshape(w.shape[0], -1, GROUP)
+    sums = _GroupSums(groups, h)
     low = groups.min(axis=-1)
-    high = groups.max(axis=-1)
-    zero = low.astype(np.float16)
-    # A constant group has no range: any positive scale works, code 0 reproduces it.
-    scale = np.where(high > low, (high - low) / LEVELS, 1.0).astype(np.float16)
-    scale = np.where(scale > 0, scale, np.float16(np.finfo(np.float16).smallest_subnormal))
-    # Round against the float16 numbers actually stored, so the codes absorb their rounding.
-    s32 = scale.astype(np.float32)[..., None]
-    z32 = zero.astype(np.float32)[..., None]
-    codes = np.clip(np.rint((groups - z32) / s32), 0, LEVELS).astype(np.uint8).reshape(w.shape)
-    return codes[:, 0::2] | (codes[:, 1::2] << 4), scale, zero
+    span = groups.max(axis=-1) - low
+    best_error = best_scale = best_zero = None
+    for offset in STEP_OFFSETS:
+        scale = _stored_scale(np.where(span > 0, span / (LEVELS + offset), 1.0))
+        zero = _stored(low + min(offset, 0.0) / 2 * scale)
+        scale, zero = sums.refit(_codes(groups, scale, zero), scale, zero)
+        error = sums.error(_codes(groups, scale, zero), scale, zero)
+        if best_error is None:
+            best_error, best_scale, best_zero = error, scale, zero
+        else:
+            better = error < best_error
+            best_error = np.where(better, error, best_error)
+            best_scale = np.where(better, scale, best_scale)
+            best_zero = np.where(better, zero, best_zero)
+    codes = _codes(groups, best_scale, best_zero).astype(np.uint8).reshape(w.shape)
+    return codes[:, 0::2] | (codes[:, 1::2] << 4), best_scale.astype(np.float16), best_zero.astype(np.float16)
+
+
+def _stored(x: np.ndarray) -> np.ndarray:
+    """float16 as stored, back in float32, so codes and errors see the numbers kept."""
+    return np.asarray(x).astype(np.float16).astype(np.float32)
+
+
+def _stored_scale(x: np.ndarray) -> np.ndarray:
+    """A step that would round to zero (a group spanning less than float16's resolution) becomes
+    the smallest positive float16: code 0 then reproduces the group's minimum."""
+    stored = _stored(x)
+    return np.where(stored > 0, stored, np.float32(np.finfo(np.float16).smallest_subnormal))
+
+
+def _codes(groups: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    codes = groups - zero[..., None]
+    codes /= scale[..., None]
+    return np.clip(np.rint(codes, out=codes), 0, LEVELS, out=codes)
+
+
+class _GroupSums:
+    """The weighted sums of one block of groups that do not depend on the codes, so each
+    candidate grid costs only the sums over its codes. The weighted squared error
+    sum h (s q + z - w)^2 expands into these sums."""
+
+    def __init__(self, groups: np.ndarray, h: np.ndarray) -> None:
+        self.groups, self.h = groups, h
+        hw = h * groups
+        self.sw = np.broadcast_to(h.sum(axis=-1), groups.shape[:-1])
+        self.sx = hw.sum(axis=-1)
+        self.sxx = (hw * groups).sum(axis=-1)
+
+    def _code_sums(self, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        hq = self.h * codes
+        return hq.sum(axis=-1), (hq * codes).sum(axis=-1), (hq * self.groups).sum(axis=-1)
+
+    def error(self, codes, scale, zero) -> np.ndarray:
+        sq, sqq, sqx = self._code_sums(codes)
+        return (scale * scale * sqq + 2 * scale * zero * sq + zero * zero * self.sw
+                - 2 * scale * sqx - 2 * zero * self.sx + self.sxx)
+
+    def refit(self, codes, scale, zero) -> tuple[np.ndarray, np.ndarray]:
+        """The scale and zero minimizing the error for these codes (a 2x2 linear system per
+        group); groups whose system is singular or gives no positive scale keep theirs."""
+        sq, sqq, sqx = self._code_sums(codes)
+        det = self.sw * sqq - sq * sq
+        solvable = det > 1e-9 * self.sw * sqq
+        safe_det = np.where(solvable, det, 1.0)
+        new_scale = (self.sw * sqx - sq * self.sx) / safe_det
+        new_zero = (sqq * self.sx - sq * sqx) / safe_det
+        use = solvable & (new_scale > 0)
+        return _stored_scale(np.where(use, new_scale, scale)), _stored(np.where(use, new_zero, zero))
 
 
 def unpack_codes(packed: np.ndarray) -> np.ndarray:

@@ -1,15 +1,20 @@
 """Assemble an engine from names: checkpoint path, backend, KV cache, dtype, quant."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import gc
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+import numpy as np
+
+from .calibration import calibration_token_lists, record_input_importance
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import EngineConfig, ModelConfig
 from .default_model import default_model_path
 from .engine import Engine
 from .registry import Registry, load_registry
-from .protocols import Backend, KVCache, ModelExecutor
+from .protocols import Backend, Calibratable, KVCache, ModelExecutor
+from .sampling_params import SamplingParams
 from .tokenizer import Tokenizer
 
 
@@ -34,17 +39,45 @@ def build_engine(
     quant: str = "none",
     env: Mapping[str, str] | None = None,
     registry: Registry | None = None,
+    calibrate: bool = True,
     **engine_options: Any,
 ) -> EngineParts:
+    """With a quant other than "none" and ``calibrate``, the float model first reads the
+    calibration text (qwen_serve.calibration) if its backend can watch its projections."""
     # Resolve every name before loading weights, so a typo fails in milliseconds.
     registry = registry or load_registry(env)
     config = EngineConfig(**engine_options)
     cache_factory = registry.kv_cache_factory(kv_cache)
     compute = registry.backend(backend)
     checkpoint = load_checkpoint(model if model is not None else default_model_path())
-    executor = compute.load_model(checkpoint, dtype=dtype, quant=quant)
+    importance = None
+    if quant != "none" and calibrate:
+        importance = measure_importance(compute, checkpoint, dtype, cache_factory, config)
+        gc.collect()  # the float model may sit in reference cycles: free it before loading again
+    if importance is None:
+        executor = compute.load_model(checkpoint, dtype=dtype, quant=quant)
+    else:
+        executor = compute.load_model(checkpoint, dtype=dtype, quant=quant, importance=importance)
     storage = compute.create_kv_storage(checkpoint.config, dtype, config.block_size, config.slab_blocks, config.kv_blocks)
     cache = cache_factory(storage, config)
     engine = Engine(executor, cache, compute.create_sampler(), checkpoint.tokenizer, config)
     return EngineParts(engine, compute, executor, cache, checkpoint.tokenizer, checkpoint,
                        checkpoint.config, config, registry)
+
+
+def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, cache_factory: Any,
+                       config: EngineConfig) -> dict[str, np.ndarray] | None:
+    """Load the float model, run the calibration text through a throwaway engine and return each
+    projection's input importance; None when the backend's executor is not Calibratable. The
+    float weights are dropped before the caller loads the quantized ones."""
+    executor = compute.load_model(checkpoint, dtype=dtype, quant="none")
+    if not isinstance(executor, Calibratable):
+        return None
+    # No prefix cache: every calibration token passes through the projections.
+    config = replace(config, prefix_cache=False)
+    storage = compute.create_kv_storage(checkpoint.config, dtype, config.block_size, config.slab_blocks, config.kv_blocks)
+    engine = Engine(executor, cache_factory(storage, config), compute.create_sampler(), checkpoint.tokenizer, config)
+    longest = engine.max_seq_len - 1  # a small --max-seq-len or KV pool reads less of the text
+    requests = [(f"calibration-{i}", tokens[:longest], SamplingParams(max_tokens=1, temperature=0.0))
+                for i, tokens in enumerate(calibration_token_lists(checkpoint.tokenizer))]
+    return record_input_importance(executor, lambda: engine.run(requests))

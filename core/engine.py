@@ -102,6 +102,21 @@ class Engine:
         self.stats.requests_total += 1
         return seq
 
+    def run(self, requests: Seq[tuple[str, Seq[int], SamplingParams]]) -> list[Sequence]:
+        """Add the requests and step until all of them finish (the offline, blocking path). On
+        an error the ones still running are aborted, so their KV blocks go back to the pool."""
+        seqs: list[Sequence] = []
+        try:
+            for request_id, tokens, params in requests:
+                seqs.append(self.add_request(request_id, tokens, params))
+            while any(not s.is_finished for s in seqs):
+                self.step()
+        finally:
+            for seq in seqs:
+                if not seq.is_finished:
+                    self.abort(seq.request_id)
+        return seqs
+
     def abort(self, request_id: str) -> bool:
         """Cancel a request; its blocks return to the pool at once."""
         seq = self.sequences.pop(request_id, None)

@@ -56,17 +56,7 @@ class LLM:
         return self._run(token_lists, params or SamplingParams())
 
     def _run(self, token_lists: list[list[int]], params: SamplingParams) -> list[CompletionOutput]:
-        request_ids = [f"offline-{next(self._ids)}" for _ in token_lists]
-        seqs = []
-        try:
-            for request_id, tokens in zip(request_ids, token_lists):
-                seqs.append(self.engine.add_request(request_id, tokens, params))
-            while any(not s.is_finished for s in seqs):
-                self.engine.step()
-        finally:
-            for seq in seqs:
-                if not seq.is_finished:
-                    self.engine.abort(seq.request_id)
+        seqs = self.engine.run([(f"offline-{next(self._ids)}", tokens, params) for tokens in token_lists])
         return [
             CompletionOutput(
                 request_id=s.request_id,

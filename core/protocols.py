@@ -7,7 +7,7 @@ Optional abilities of a KV cache are separate runtime-checkable Protocols, so th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 from .config import ModelConfig
 from .sampling_params import SamplingParams
@@ -182,13 +182,30 @@ class ModelExecutor(Protocol):
 
 
 @runtime_checkable
+class Calibratable(Protocol):
+    """An executor whose projections can be watched while it runs, so int4 quantization can
+    weigh each input column by the activations it meets (qwen_serve.calibration)."""
+
+    def projections(self) -> Iterable[tuple[str, Any, str]]:
+        """(checkpoint weight name, object holding the layer, attribute name) of every linear
+        layer that int4 quantizes."""
+
+    def to_numpy(self, x: Any) -> Any:
+        """A layer input as a numpy array."""
+
+
+@runtime_checkable
 class Backend(Protocol):
     """A compute path: builds executors, KV storage and samplers for one array library."""
 
     name: str
     quantizations: tuple[str, ...]  # what load_model's quant accepts, e.g. ("none", "int4")
+    # Optional: ``serial_compute`` (a reason string) when, on this machine, the backend multiplies
+    # a batch of rows no faster than the rows one by one; the conformance suite reads it.
 
-    def load_model(self, checkpoint: Any, dtype: str, quant: str) -> ModelExecutor: ...
+    def load_model(self, checkpoint: Any, dtype: str, quant: str) -> ModelExecutor:
+        """A backend whose float executor is Calibratable also takes ``importance`` (checkpoint
+        weight name -> per-input-column weights) and passes it to int4.quantize."""
 
     def create_kv_storage(
         self, config: ModelConfig, dtype: str, block_size: int, slab_blocks: int, max_blocks: int

@@ -167,12 +167,12 @@ def test_int4_linear_is_the_canonical_format_through_mlx_kernels():
     import mlx.core as mx
 
     from qwen_serve import int4
-    from qwen_serve.backends.mlx.linear import Int4Linear
+    from qwen_serve.backends.mlx.linear import QuantizedLinear
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((96, 256)).astype(np.float32)
     q = int4.quantize(w)
-    linear = Int4Linear.from_canonical(q)
+    linear = QuantizedLinear.from_canonical(q)
     reference = int4.dequantize(q)
     assert np.array_equal(np.array(linear.dequantize()), reference)
     assert np.array_equal(np.array(linear.rows(mx.array([7, 0]))), reference[[7, 0]])
@@ -181,7 +181,9 @@ def test_int4_linear_is_the_canonical_format_through_mlx_kernels():
 
 
 def test_int4_model_follows_its_dequantized_weights(qwen3_tiny, tmp_path):
-    """Greedy int4 output equals transformers running the dequantized weights."""
+    """Greedy int4 output equals transformers running the dequantized weights: the canonical
+    int4 projections (without calibration) and MLX's int8 embedding table."""
+    import mlx.core as mx
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -194,14 +196,17 @@ def test_int4_model_follows_its_dequantized_weights(qwen3_tiny, tmp_path):
             (dequantized / f.name).write_bytes(f.read_bytes())
     weights = load_file(qwen3_tiny / "model.safetensors")
     for name, w in weights.items():
-        if w.ndim == 2:
+        if name.endswith("_proj.weight"):
             weights[name] = torch.from_numpy(int4.dequantize(int4.quantize(w.float().numpy())))
+        elif name == "model.embed_tokens.weight":
+            table = mx.quantize(mx.array(w.float().numpy()), group_size=64, bits=8)
+            weights[name] = torch.from_numpy(np.array(mx.dequantize(*table, group_size=64, bits=8)))
     save_file(weights, dequantized / "model.safetensors")
-    llm = LLM(str(qwen3_tiny), backend="mlx", quant="int4")
+    llm = LLM(str(qwen3_tiny), backend="mlx", quant="int4", calibrate=False)
     prompt = llm.tokenizer.encode(LONG_TEXT[:300])
     out = llm.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True))[0]
     assert out.token_ids == hf_greedy(dequantized, prompt, 16)
-    assert llm.parts.executor.weight_bytes() < LLM(str(qwen3_tiny), backend="mlx").parts.executor.weight_bytes() / 5
+    assert llm.parts.executor.weight_bytes() < LLM(str(qwen3_tiny), backend="mlx").parts.executor.weight_bytes() / 3
 
 
 # --- plugin and server ------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Linear layers on MLX: float weights, and int4 weights converted from the canonical format.
+"""Linear layers on MLX: float weights, int4 weights converted from the canonical format, and
+int8 weights for the embedding / tied head.
 
 Compute is float32. The canonical int4 layout (``qwen_serve.int4``) is already MLX's affine
 4-bit layout: code j of a row sits in bits 4 * (j % 8) of 32-bit word j // 8, and a weight is
@@ -13,7 +14,7 @@ from typing import Union
 import mlx.core as mx
 import numpy as np
 
-from qwen_serve.int4 import GROUP as INT4_GROUP, Int4Weight
+from qwen_serve.int4 import GROUP, Int4Weight
 
 INT4_BITS = 4
 
@@ -40,42 +41,48 @@ class DenseLinear:
         return self.weight.nbytes
 
 
-class Int4Linear:
-    """y = x @ W.T with W in 4-bit codes, through mx.quantized_matmul."""
+class QuantizedLinear:
+    """y = x @ W.T with W in MLX's affine group layout, through mx.quantized_matmul: int4 from the
+    canonical format, or int8 (the embedding / tied head) quantized by MLX itself."""
 
-    def __init__(self, packed: np.ndarray, scale: np.ndarray, zero: np.ndarray, bias: mx.array | None = None) -> None:
-        if sys.byteorder != "little":
-            raise RuntimeError("int4 conversion to MLX words assumes a little-endian host")
-        self.out_features, self.in_features = packed.shape[0], packed.shape[1] * 2
-        self.weight = mx.array(np.ascontiguousarray(packed).view(np.uint32))  # [out, in / 8]
-        self.scales = mx.array(scale)  # float16 [out, in / 64], exact canonical values
-        self.biases = mx.array(zero)
+    def __init__(self, words: mx.array, scales: mx.array, biases: mx.array, bits: int, bias: mx.array | None = None) -> None:
+        self.weight, self.scales, self.biases, self.bits = words, scales, biases, bits
+        self.out_features, self.in_features = words.shape[0], words.shape[1] * 32 // bits
         self.bias = None if bias is None else bias.astype(mx.float32)
 
     @classmethod
-    def from_canonical(cls, q: Int4Weight, bias: mx.array | None = None) -> "Int4Linear":
-        return cls(q.packed, q.scale, q.zero, bias)
+    def from_canonical(cls, q: Int4Weight, bias: mx.array | None = None) -> "QuantizedLinear":
+        if sys.byteorder != "little":
+            raise RuntimeError("int4 conversion to MLX words assumes a little-endian host")
+        words = mx.array(np.ascontiguousarray(q.packed).view(np.uint32))  # [out, in / 8]
+        # float16 scales and zeros: the exact canonical values
+        return cls(words, mx.array(q.scale), mx.array(q.zero), INT4_BITS, bias)
+
+    @classmethod
+    def int8(cls, weight: mx.array, bias: mx.array | None = None) -> "QuantizedLinear":
+        words, scales, biases = mx.quantize(weight.astype(mx.float32), group_size=GROUP, bits=8)
+        return cls(words, scales, biases, 8, bias)
 
     def __call__(self, x: mx.array) -> mx.array:
         y = mx.quantized_matmul(x, self.weight, self.scales, self.biases, transpose=True,
-                                group_size=INT4_GROUP, bits=INT4_BITS)
+                                group_size=GROUP, bits=self.bits)
         return y if self.bias is None else y + self.bias
 
     def rows(self, ids: mx.array) -> mx.array:
         """Dequantized float32 rows (an embedding lookup in the same weight)."""
-        return _dequantize(self.weight[ids], self.scales[ids], self.biases[ids])
+        return self._dequantize(self.weight[ids], self.scales[ids], self.biases[ids])
 
     def dequantize(self) -> mx.array:
-        return _dequantize(self.weight, self.scales, self.biases)
+        return self._dequantize(self.weight, self.scales, self.biases)
 
     def nbytes(self) -> int:
         return self.weight.nbytes + self.scales.nbytes + self.biases.nbytes
 
+    def _dequantize(self, words: mx.array, scales: mx.array, biases: mx.array) -> mx.array:
+        # float32 scales, so the result is float32 (with float16 ones it would be rounded to float16)
+        return mx.dequantize(words, scales.astype(mx.float32), biases.astype(mx.float32),
+                             group_size=GROUP, bits=self.bits)
 
-def _dequantize(words: mx.array, scales: mx.array, biases: mx.array) -> mx.array:
-    # float32 scales, so the result is float32 (with float16 ones it would be rounded to float16)
-    return mx.dequantize(words, scales.astype(mx.float32), biases.astype(mx.float32),
-                         group_size=INT4_GROUP, bits=INT4_BITS)
 
 
-Linear = Union[DenseLinear, Int4Linear]
+Linear = Union[DenseLinear, QuantizedLinear]

@@ -10,7 +10,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import mlx.core as mx
+import numpy as np
 
+from qwen_serve.calibration import decoder_projections
+from qwen_serve.checkpoint import PROJECTIONS
 from qwen_serve.config import ModelConfig
 from qwen_serve.errors import ModelLoadError
 from qwen_serve.protocols import KVCache, StepBatch
@@ -19,7 +22,6 @@ from .attention import CachedAttention
 from .linear import DenseLinear, Linear
 from .step_layout import StepLayout, build_layout
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass
@@ -85,6 +87,13 @@ class DecoderModel:
         # Materialize here: MLX cannot evaluate an array whose pending ops were recorded on
         # another thread, and the server's engine runs on its own.
         mx.eval(self._norms(), [vars(x) for x in self._linears()])
+
+    def projections(self):
+        return decoder_projections(self.layers)
+
+    @staticmethod
+    def to_numpy(x: mx.array):
+        return np.array(x.astype(mx.float32))
 
     def weight_bytes(self) -> int:
         return sum(x.nbytes() for x in self._linears()) + sum(t.nbytes for t in self._norms())

@@ -1,10 +1,11 @@
 """The torch CPU backend: loads checkpoints into plain tensors and runs them eagerly.
 
 With quant "int4" each projection is quantized to the canonical int4 format as its tensor
-arrives (one float tensor alive at a time, so loading never holds the float model), and the
-embedding, which a tied lm_head shares, becomes int8 rows: on SmolLM2 an int8 table measured the
-same top-5 agreement with float as a float table, an int4 one 2-3 points lower, for 65 MB less
-on Qwen3-0.6B (``python benchmarks/bench_quant.py --only quality``).
+arrives (one float tensor alive at a time), weighted by the calibration importance the builder
+measured with the float model beforehand, and the embedding, which a tied lm_head shares, becomes
+int8 rows: on SmolLM2 an int8 table measured 82.9% top-5 agreement with float against 83.2% for a
+float table and 77.4% for an int4 one, which would save 65 MB more on Qwen3-0.6B
+(``python benchmarks/bench_quant.py --only quality``).
 """
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import ctypes
 import ctypes.util
 import os
 from functools import lru_cache
+from typing import Mapping
 
+import numpy as np
 import torch
 
 from qwen_serve import int4
-from qwen_serve.checkpoint import Checkpoint
+from qwen_serve.checkpoint import TABLE_NAMES, Checkpoint
 from qwen_serve.config import ModelConfig
 from qwen_serve.errors import ModelLoadError
 
@@ -28,7 +31,6 @@ from .sampler import TorchSampler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUANTIZATIONS = ("none", "int4")
-TABLE_NAMES = ("model.embed_tokens.weight", "lm_head.weight")  # the vocabulary-sized matrices
 
 
 def storage_dtype(name: str) -> torch.dtype:
@@ -49,7 +51,8 @@ class TorchBackend:
             raise ValueError(f"head_quant must be none, int8 or int4, got {head_quant!r}")
         self.head_quant = head_quant  # how the embedding / lm_head is stored under quant "int4"
 
-    def load_model(self, checkpoint: Checkpoint, dtype: str = "float32", quant: str = "none") -> DecoderModel:
+    def load_model(self, checkpoint: Checkpoint, dtype: str = "float32", quant: str = "none",
+                   importance: Mapping[str, np.ndarray] | None = None) -> DecoderModel:
         if quant not in QUANTIZATIONS:
             raise ModelLoadError(f"unknown quantization {quant!r} for the torch backend; choose one of {', '.join(QUANTIZATIONS)}")
         target = storage_dtype(dtype)
@@ -57,17 +60,18 @@ class TorchBackend:
         weights = {}
         for name, array in checkpoint.tensors("pt"):
             tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(array)
-            weights[name] = self._convert(name, tensor, target, quant, scratch)
+            weights[name] = self._convert(name, tensor, target, quant, scratch, (importance or {}).get(name))
             if quant != "none":
                 del tensor, array
                 _return_freed_heap()
         return DecoderModel(checkpoint.config, weights, make_linear=_as_linear)
 
-    def _convert(self, name: str, tensor: torch.Tensor, target: torch.dtype, quant: str, scratch: Scratch):
+    def _convert(self, name: str, tensor: torch.Tensor, target: torch.dtype, quant: str, scratch: Scratch,
+                 importance: np.ndarray | None = None):
         if quant == "int4":
             kind = self.head_quant if name in TABLE_NAMES else "int4" if name.endswith("_proj.weight") else "none"
             if kind == "int4" and quantizable(tensor):
-                return Int4Linear(int4.quantize(tensor.float().numpy()), scratch=scratch)
+                return Int4Linear(int4.quantize(tensor.float().numpy(), importance), scratch=scratch)
             if kind == "int8":
                 return Int8Linear(tensor, scratch=scratch)
         return tensor.to(target)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from qwen_serve.calibration import decoder_projections
+from qwen_serve.checkpoint import PROJECTIONS
 from qwen_serve.config import ModelConfig
 from qwen_serve.errors import ModelLoadError
 from qwen_serve.protocols import KVCache, StepBatch
@@ -88,9 +90,15 @@ class DecoderModel:
         self.attention = CachedAttention(scale=c.head_dim ** -0.5)
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
 
+    def projections(self):
+        return decoder_projections(self.layers)
+
+    @staticmethod
+    def to_numpy(x: torch.Tensor):
+        return x.detach().float().numpy()
+
     def weight_bytes(self) -> int:
-        linears = [self.embed, self.lm_head] + [getattr(l, n) for l in self.layers for n in
-                                                ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")]
+        linears = [self.embed, self.lm_head] + [getattr(l, n) for l in self.layers for n in PROJECTIONS]
         total = sum(lin.nbytes() for lin in {id(lin): lin for lin in linears}.values())  # a tied head counts once
         norms = [self.norm] + [t for l in self.layers for t in (l.input_norm, l.post_norm, l.q_norm, l.k_norm) if t is not None]
         return total + sum(t.numel() * t.element_size() for t in norms)

@@ -1,0 +1,96 @@
+"""Calibration for int4: the float model's projections are watched while it reads the
+calibration text, and the mean squares of their inputs weigh int4's errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from qwen_serve import int4
+from qwen_serve.backends.torch_cpu.backend import TorchBackend
+from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear
+from qwen_serve.backends.torch_cpu.model import rms_norm
+from qwen_serve.builder import build_engine, measure_importance
+from qwen_serve.calibration import record_input_importance
+from qwen_serve.checkpoint import PROJECTIONS, load_checkpoint, projection_weight_name
+from qwen_serve.config import EngineConfig
+from qwen_serve.registry import load_registry
+from qwen_serve.protocols import Calibratable
+
+
+def _float_model(path):
+    return TorchBackend().load_model(load_checkpoint(path), "float32", "none")
+
+
+def _layer0_input(model, ids: list[int]) -> np.ndarray:
+    """What layer 0's q/k/v projections see: the normed embeddings, computed here by hand."""
+    hidden = model.embed.lookup(torch.tensor(ids))
+    return rms_norm(hidden, model.layers[0].input_norm, model.config.rms_norm_eps).numpy()
+
+
+def test_records_each_projections_mean_squared_input(qwen3_tiny):
+    model = _float_model(qwen3_tiny)
+    assert isinstance(model, Calibratable)
+    layers_before = [(layer, name, getattr(layer, name)) for layer in model.layers for name in PROJECTIONS]
+    ids = [5, 17, 300, 2, 9, 41, 7]
+    x = torch.tensor(_layer0_input(model, ids))
+    importance = record_input_importance(model, lambda: [model.layers[0].q_proj(x), model.layers[0].q_proj(x[:3]),
+                                                         model.layers[1].down_proj(torch.ones(2, 128))])
+    expected = np.mean(np.concatenate([x.numpy(), x[:3].numpy()]) ** 2, axis=0)
+    assert sorted(importance) == [projection_weight_name(0, "q_proj"), projection_weight_name(1, "down_proj")]
+    assert np.allclose(importance[projection_weight_name(0, "q_proj")], expected, rtol=1e-5)
+    assert np.array_equal(importance[projection_weight_name(1, "down_proj")], np.ones(128, dtype=np.float32))
+    assert all(getattr(layer, name) is linear for layer, name, linear in layers_before)  # put back
+
+
+def test_layers_are_put_back_when_the_run_fails(qwen3_tiny):
+    model = _float_model(qwen3_tiny)
+    before = model.layers[1].up_proj
+
+    def failing_run():
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        record_input_importance(model, failing_run)
+    assert model.layers[1].up_proj is before
+
+
+def test_the_calibration_run_covers_every_projection_and_matches_layer0_by_hand(qwen3_tiny):
+    checkpoint = load_checkpoint(qwen3_tiny)
+    backend = TorchBackend()
+    config = EngineConfig(kv_blocks=64)
+    importance = measure_importance(backend, checkpoint, "float32", load_registry().kv_cache_factory("paged"), config)
+    layers = checkpoint.config.num_layers
+    assert sorted(importance) == sorted(projection_weight_name(i, p) for i in range(layers) for p in PROJECTIONS)
+    assert all(v.dtype == np.float32 and np.all(v >= 0) and v.any() for v in importance.values())
+    # layer 0's input over the whole calibration text, from the embeddings by hand
+    from qwen_serve.calibration import calibration_token_lists
+
+    model = _float_model(qwen3_tiny)
+    rows = np.concatenate([_layer0_input(model, ids) for ids in calibration_token_lists(checkpoint.tokenizer)])
+    assert np.allclose(importance[projection_weight_name(0, "k_proj")], np.mean(rows ** 2, axis=0), rtol=1e-4)
+
+
+def test_int4_engines_quantize_with_the_measured_importance(qwen3_tiny):
+    checkpoint = load_checkpoint(qwen3_tiny)
+    importance = measure_importance(TorchBackend(), checkpoint, "float32", load_registry().kv_cache_factory("paged"),
+                                    EngineConfig(kv_blocks=64))
+    name = projection_weight_name(1, "gate_proj")
+    weight = dict(checkpoint.tensors("numpy"))[name]
+    calibrated = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64).executor.layers[1].gate_proj
+    plain = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64, calibrate=False).executor.layers[1].gate_proj
+    assert isinstance(calibrated, Int4Linear)
+    expected = int4.quantize(weight, importance[name])
+    assert np.array_equal(calibrated.dequantize().numpy(), int4.dequantize(expected))
+    assert np.array_equal(plain.dequantize().numpy(), int4.dequantize(int4.quantize(weight)))
+    assert not np.array_equal(calibrated.dequantize().numpy(), plain.dequantize().numpy())
+
+
+def test_a_short_max_seq_len_still_calibrates(qwen3_tiny):
+    """Calibration texts longer than the engine allows are cut, not refused."""
+    checkpoint = load_checkpoint(qwen3_tiny)
+    config = EngineConfig(kv_blocks=64, max_seq_len=20)
+    importance = measure_importance(TorchBackend(), checkpoint, "float32", load_registry().kv_cache_factory("paged"), config)
+    assert len(importance) == checkpoint.config.num_layers * len(PROJECTIONS)
+    parts = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64, max_seq_len=20)
+    assert isinstance(parts.executor.layers[0].q_proj, Int4Linear)

@@ -9,8 +9,8 @@ table    For Qwen3-0.6B's exact geometry (random weights) and SmolLM2-135M, each
          512-token prompt, decode tokens/s at batch 1 and 8.
 kernels  The candidate matmuls for one Qwen3-0.6B layer stack at 1, 8, 32 and 512 rows, side by
          side in one process (how the int4 path was chosen).
-quality  Check 6 on SmolLM2 (top-5 next-token agreement with float) for each way of storing the
-         tied embedding / lm_head, with the bytes each costs.
+quality  Check 6 on SmolLM2 (top-5 next-token agreement with float) with and without calibration
+         and for each way of storing the tied embedding / lm_head, with the bytes each costs.
 
 Timings are the best of a few repeats: on a 2-core machine another busy process slows torch's
 parallel regions by orders of magnitude, and a best-of keeps the quiet runs. The load average and
@@ -220,35 +220,27 @@ def kernels() -> None:
 def quality() -> None:
     from qwen_serve import LLM, SamplingParams
     from qwen_serve.backends.torch_cpu.backend import TorchBackend
+    from qwen_serve.conformance.agreement import top5_agreement
     from qwen_serve.conformance.prompts import CHAT_PROMPTS
     from qwen_serve.registry import BackendEntry, load_registry
 
     registry = load_registry()
     for head in ("none", "int8", "int4"):
         registry.backends[f"torch-head-{head}"] = BackendEntry(f"torch-head-{head}", lambda h=head: TorchBackend(head_quant=h))
-
-    def top5(llm) -> list[list[int]]:
-        prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in CHAT_PROMPTS]
-        outs = llm.generate(prompts, SamplingParams(max_tokens=1, logprobs=5))
-        return [sorted(o.logprobs[0], key=o.logprobs[0].get, reverse=True)[:5] for o in outs]
-
-    float_llm = LLM(prefix_cache=False)  # a prefix cache would let int4 reuse float keys/values
-    reference = top5(float_llm)
-    print(f"\ncheck 6 on SmolLM2, {len(reference)} chat prompts (conformance.prompts), int4 projections;"
+    float_llm = LLM()
+    prompts = [float_llm.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in CHAT_PROMPTS]
+    print(f"\ncheck 6 on SmolLM2 ({len(prompts)} chat prompts of conformance.prompts), int4 projections;"
           f" float model weights {float_llm.parts.executor.weight_bytes() / 2**20:.1f} MiB")
-    print(f"{'embedding / lm_head':20s} {'weights MiB':>12s} {'top-5 set overlap':>18s} {'same top-1':>11s} "
-          f"{'float top-1 in int4 top-5':>26s}")
-    for head in ("none", "int8", "int4"):
-        llm = LLM(quant="int4", backend=f"torch-head-{head}", registry=registry, prefix_cache=False)
-        got = top5(llm)
-        overlap = np.mean([len(set(a) & set(b)) / 5 for a, b in zip(reference, got)])
-        same = np.mean([a[0] == b[0] for a, b in zip(reference, got)])
-        within = np.mean([a[0] in b for a, b in zip(reference, got)])
+    print(f"{'embedding / lm_head':20s} {'calibrated':>10s} {'weights MiB':>12s} {'top-5 agreement':>16s} "
+          f"{'at prompt ends':>15s} {'float top-1 in int4 top-5':>26s}")
+    for head, calibrate in (("int8", True), ("int8", False), ("none", True), ("int4", True)):
+        llm = LLM(quant="int4", backend=f"torch-head-{head}", registry=registry, calibrate=calibrate)
+        r = top5_agreement(float_llm, llm, prompts)
         label = {"none": "float32", "int8": "int8 rows", "int4": "int4 (canonical)"}[head]
-        print(f"{label:20s} {llm.parts.executor.weight_bytes() / 2**20:12.1f} {overlap:18.3f} {same:11.3f} {within:26.3f}",
-              flush=True)
+        print(f"{label:20s} {'yes' if calibrate else 'no':>10s} {llm.parts.executor.weight_bytes() / 2**20:12.1f} "
+              f"{r.overall:16.3f} {r.at_prompt_ends:15.3f} {r.float_top1_kept:26.3f}", flush=True)
     params = SamplingParams(max_tokens=64)
-    sample = LLM(quant="int4", prefix_cache=False)  # the default: int8 embedding / lm_head
+    sample = LLM(quant="int4")  # the default: calibrated, int8 embedding / lm_head
     for question in ("What is the capital of France?", "Write a haiku about the sea."):
         print(f"int4 greedy, {question!r}: {sample.chat([[{'role': 'user', 'content': question}]], params)[0].text!r}")
 

@@ -27,3 +27,10 @@ def lacks_quantization(backend: Any, quant: str) -> str | None:
     if quant not in backend.quantizations:
         return f"backend {backend.name!r} offers quantizations {', '.join(backend.quantizations)}, not {quant}"
     return None
+
+
+def computes_serially(backend: Any) -> str | None:
+    """A backend declares ``serial_compute`` (the reason, or None) when on this machine its array
+    library multiplies a batch of rows no faster than the rows one by one, so batching cannot
+    speed it up (check 3)."""
+    return getattr(backend, "serial_compute", None)

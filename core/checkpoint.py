@@ -41,9 +41,12 @@ class Checkpoint:
         """(transformers name, array) pairs; framework is a safetensors framework name."""
         return self._tensors(framework)
 
+    def files(self) -> list[Path]:
+        """The files holding the weights."""
+        return [self.path] if self.path.is_file() else sorted(self.path.glob("*.safetensors"))
+
     def file_bytes(self) -> int:
-        files = [self.path] if self.path.is_file() else list(self.path.glob("*.safetensors"))
-        return sum(f.stat().st_size for f in files)
+        return sum(f.stat().st_size for f in self.files())
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:

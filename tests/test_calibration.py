@@ -2,6 +2,9 @@
 calibration text, and the mean squares of their inputs weigh int4's errors."""
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -16,6 +19,13 @@ from qwen_serve.checkpoint import PROJECTIONS, load_checkpoint, projection_weigh
 from qwen_serve.config import EngineConfig
 from qwen_serve.registry import load_registry
 from qwen_serve.protocols import Calibratable
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache(tmp_path, monkeypatch):
+    """Every test measures for itself: no importance cached by an earlier run."""
+    monkeypatch.setenv("QWEN_SERVE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
 def _float_model(path):
@@ -67,7 +77,7 @@ def test_the_calibration_run_covers_every_projection_and_matches_layer0_by_hand(
     from qwen_serve.calibration import calibration_token_lists
 
     model = _float_model(qwen3_tiny)
-    rows = np.concatenate([_layer0_input(model, ids) for ids in calibration_token_lists(checkpoint.tokenizer)])
+    rows = np.concatenate([_layer0_input(model, ids) for ids in calibration_token_lists(checkpoint.tokenizer, 10_000)])
     assert np.allclose(importance[projection_weight_name(0, "k_proj")], np.mean(rows ** 2, axis=0), rtol=1e-4)
 
 
@@ -94,3 +104,39 @@ def test_a_short_max_seq_len_still_calibrates(qwen3_tiny):
     assert len(importance) == checkpoint.config.num_layers * len(PROJECTIONS)
     parts = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64, max_seq_len=20)
     assert isinstance(parts.executor.layers[0].q_proj, Int4Linear)
+
+
+class CountingTorchBackend(TorchBackend):
+    """The torch backend, counting how often it loads a float model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.float_loads = 0
+
+    def load_model(self, checkpoint, dtype="float32", quant="none", importance=None):
+        self.float_loads += quant == "none"
+        return super().load_model(checkpoint, dtype, quant, importance)
+
+
+def test_importance_is_measured_once_per_model_backend_and_dtype(qwen3_tiny, tmp_path, fresh_cache):
+    model_dir = tmp_path / "model"
+    shutil.copytree(qwen3_tiny, model_dir)
+    backend, paged = CountingTorchBackend(), load_registry().kv_cache_factory("paged")
+    config = EngineConfig(kv_blocks=64)
+
+    def measure(dtype="float32"):
+        return measure_importance(backend, load_checkpoint(model_dir), dtype, paged, config)
+
+    first, again = measure(), measure()
+    assert backend.float_loads == 1 and len(list(fresh_cache.glob("importance/*.npz"))) == 1
+    assert sorted(first) == sorted(again) and all(np.array_equal(first[n], again[n]) for n in first)
+    measure("bfloat16")  # another dtype is another measurement
+    assert backend.float_loads == 2
+    weights = model_dir / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # new weights
+    measure()
+    assert backend.float_loads == 3
+    for cached in fresh_cache.glob("importance/*.npz"):
+        cached.write_bytes(b"not a zip file")
+    assert sorted(measure()) == sorted(first)  # unreadable: measured again
+    assert backend.float_loads == 4

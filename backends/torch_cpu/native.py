@@ -24,6 +24,8 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from qwen_serve.cache_dir import cache_dir
+
 C_SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
@@ -206,11 +208,6 @@ def has_fast_bf16_matmul() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("QWEN_SERVE_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "qwen_serve")
-    return Path(base).expanduser() / "kernels"
-
-
 def _build(compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # same filesystem: the rename is atomic
@@ -230,7 +227,7 @@ def load_kernels() -> ctypes.CDLL | None:
     if compiler is None:
         return None
     key = hashlib.sha256("\0".join([C_SOURCE, *FLAGS, compiler, _cpu_flags()]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"int4_kernels-{key}.so"
+    target = cache_dir("kernels") / f"int4_kernels-{key}.so"
     try:
         if not target.exists():
             _build(compiler, target)

@@ -70,11 +70,14 @@ def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, cac
                        config: EngineConfig) -> dict[str, np.ndarray] | None:
     """Each projection's input importance: from the cache when this model, backend, dtype and
     text were measured before, else by loading the float model and running the calibration text
-    through a throwaway engine. None when the backend's executor is not Calibratable. The float
-    weights are dropped before the caller loads the quantized ones."""
+    through a throwaway engine (its KV storage grows only as far as the text needs). None when
+    the backend's executor is not Calibratable or no token fits. The float weights are dropped
+    before the caller loads the quantized ones."""
     # A small --max-seq-len or KV pool reads less of the text.
     token_lists = calibration_token_lists(checkpoint.tokenizer, config.resolved_max_seq_len(checkpoint.config) - 1)
-    key = importance_key(checkpoint.files(), compute.name, dtype, token_lists)
+    if not token_lists:
+        return None
+    key = importance_key(checkpoint.files(), checkpoint.config, compute.name, dtype, token_lists)
     importance = load_importance(key)
     if importance is not None:
         return importance

@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -109,22 +108,29 @@ def record_input_importance(executor: Calibratable, run: Callable[[], Any]) -> d
     projection's mean squared input per column, float32 [in], by checkpoint weight name.
     The executor's own layers are back in place afterwards, even if ``run`` fails."""
     watched = []
-    for name, owner, attribute in executor.projections():
-        recorder = _InputRecorder(getattr(owner, attribute), executor.to_numpy)
-        setattr(owner, attribute, recorder)
-        watched.append((name, owner, attribute, recorder))
     try:
+        for name, owner, attribute in executor.projections():
+            recorder = _InputRecorder(getattr(owner, attribute), executor.to_numpy)
+            watched.append((name, owner, attribute, recorder))
+            setattr(owner, attribute, recorder)
         run()
     finally:
-        for _, owner, attribute, recorder in watched:
+        for _, owner, attribute, recorder in reversed(watched):
             setattr(owner, attribute, recorder.layer)
-    return {name: (recorder.sum_squares / recorder.rows).astype(np.float32)
-            for name, _, _, recorder in watched if recorder.rows}
+    importance = {}
+    for name, _, _, recorder in watched:
+        if recorder.rows:
+            mean_squares = (recorder.sum_squares / recorder.rows).astype(np.float32)
+            if np.all(np.isfinite(mean_squares)):  # overflowing activations tell nothing
+                importance[name] = mean_squares
+            else:
+                log.warning("calibration: %s saw non-finite inputs; quantizing it without importance", name)
+    return importance
 
 
 def calibration_token_lists(tokenizer: Any, longest: int) -> list[list[int]]:
-    """The calibration texts as token ids, each cut to ``longest`` tokens."""
-    return [tokenizer.encode(text)[:longest] for text in CALIBRATION_TEXTS]
+    """The calibration texts as token ids, each cut to ``longest`` tokens (none if that is 0)."""
+    return [tokens[:longest] for tokens in map(tokenizer.encode, CALIBRATION_TEXTS) if longest > 0 and tokens]
 
 
 # --- the importance cache: measured once per model, backend and dtype -----------------------------
@@ -132,14 +138,16 @@ def calibration_token_lists(tokenizer: Any, longest: int) -> list[list[int]]:
 CACHE_FORMAT = 1  # bump when the statistics change meaning
 
 
-def importance_key(checkpoint_files: Sequence[Path], backend: str, dtype: str, token_lists: list[list[int]]) -> str:
-    """Names the measurement: which files (path, size, modification time), which backend and
-    dtype computed it, and the exact tokens it read (so tokenizer, text and cut are all in it)."""
+def importance_key(checkpoint_files: Sequence[Path], model: Any, backend: str, dtype: str,
+                   token_lists: list[list[int]]) -> str:
+    """Names the measurement: which weight files (path, size, modification time) and model
+    geometry, which backend and dtype computed it, and the exact tokens it read (so tokenizer,
+    text and cut are all in it)."""
     digest = hashlib.sha256()
     for path in checkpoint_files:
         stat = path.stat()
         digest.update(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
-    digest.update(json.dumps([CACHE_FORMAT, backend, dtype, token_lists]).encode())
+    digest.update(json.dumps([CACHE_FORMAT, repr(model), backend, dtype, token_lists]).encode())
     return digest.hexdigest()[:32]
 
 
@@ -148,9 +156,11 @@ def load_importance(key: str) -> dict[str, np.ndarray] | None:
     path = cache_dir("importance") / f"{key}.npz"
     try:
         with np.load(path) as stored:
-            return {name: stored[name] for name in stored.files}
-    except (OSError, ValueError, zipfile.BadZipFile):
+            importance = {name: stored[name] for name in stored.files}
+    except Exception:  # missing, truncated or not an npz at all: measure again
         return None
+    valid = all(v.ndim == 1 and v.dtype == np.float32 and np.all(np.isfinite(v)) for v in importance.values())
+    return importance if valid else None
 
 
 def save_importance(key: str, importance: dict[str, np.ndarray]) -> None:
@@ -159,8 +169,14 @@ def save_importance(key: str, importance: dict[str, np.ndarray]) -> None:
     directory = cache_dir("importance")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory, suffix=".npz", delete=False) as tmp:
-            np.savez(tmp, **importance)
-        os.replace(tmp.name, directory / f"{key}.npz")
+        with tempfile.NamedTemporaryFile(dir=directory, suffix=".tmp", delete=False) as tmp:
+            try:
+                np.savez(tmp, **importance)
+                tmp.flush()
+                os.fsync(tmp.fileno())
+                os.replace(tmp.name, directory / f"{key}.npz")
+            except BaseException:
+                os.unlink(tmp.name)
+                raise
     except OSError as exc:
         log.warning("could not cache the int4 calibration in %s: %s", directory, exc)

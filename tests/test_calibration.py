@@ -14,6 +14,7 @@ from qwen_serve.backends.torch_cpu.backend import TorchBackend
 from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear
 from qwen_serve.backends.torch_cpu.model import rms_norm
 from qwen_serve.builder import build_engine, measure_importance
+from qwen_serve import calibration
 from qwen_serve.calibration import record_input_importance
 from qwen_serve.checkpoint import PROJECTIONS, load_checkpoint, projection_weight_name
 from qwen_serve.config import EngineConfig
@@ -104,6 +105,10 @@ def test_a_short_max_seq_len_still_calibrates(qwen3_tiny):
     assert len(importance) == checkpoint.config.num_layers * len(PROJECTIONS)
     parts = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64, max_seq_len=20)
     assert isinstance(parts.executor.layers[0].q_proj, Int4Linear)
+    # with room for no token before the one generated, there is nothing to read: no calibration
+    assert measure_importance(TorchBackend(), checkpoint, "float32", load_registry().kv_cache_factory("paged"),
+                              EngineConfig(kv_blocks=64, max_seq_len=1)) is None
+    assert isinstance(build_engine(str(qwen3_tiny), quant="int4", max_seq_len=1).executor.layers[0].q_proj, Int4Linear)
 
 
 class CountingTorchBackend(TorchBackend):
@@ -136,7 +141,26 @@ def test_importance_is_measured_once_per_model_backend_and_dtype(qwen3_tiny, tmp
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # new weights
     measure()
     assert backend.float_loads == 3
-    for cached in fresh_cache.glob("importance/*.npz"):
-        cached.write_bytes(b"not a zip file")
-    assert sorted(measure()) == sorted(first)  # unreadable: measured again
-    assert backend.float_loads == 4
+    for content in (b"not a zip file", b""):  # unreadable, or cut short by a crash: measured again
+        for cached in fresh_cache.glob("importance/*.npz"):
+            cached.write_bytes(content)
+        assert sorted(measure()) == sorted(first)
+    assert backend.float_loads == 5
+
+
+def test_a_failed_cache_write_leaves_nothing_behind(fresh_cache, monkeypatch):
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(calibration.np, "savez", disk_full)
+    calibration.save_importance("k" * 32, {"w": np.ones(64, dtype=np.float32)})
+    assert list((fresh_cache / "importance").iterdir()) == []
+    assert calibration.load_importance("k" * 32) is None
+
+
+def test_non_finite_inputs_give_no_importance(qwen3_tiny):
+    model = _float_model(qwen3_tiny)
+    x = torch.ones(2, 64)
+    x[0, 3] = float("inf")
+    importance = record_input_importance(model, lambda: [model.layers[0].q_proj(x), model.layers[0].k_proj(torch.ones(2, 64))])
+    assert sorted(importance) == [projection_weight_name(0, "k_proj")]

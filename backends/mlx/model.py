@@ -74,8 +74,8 @@ class DecoderModel:
                 down_proj=linear(f"{p}.mlp.down_proj"),
             ))
         self.norm = norm("model.norm.weight")
-        # The embedding is a weight of the same shape as the head, built the same way (int4
-        # included): with tied embeddings the lookup and the head read one array.
+        # The embedding is a weight of the same shape as the head, built the same way (as int8
+        # under quant "int4"): with tied embeddings the lookup and the head read one array.
         self.embedding = make_linear(take("model.embed_tokens.weight"), None)
         head = weights.pop("lm_head.weight", None)
         if head is None and not c.tie_word_embeddings:

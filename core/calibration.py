@@ -5,7 +5,7 @@ states have a few channels far larger than the rest. So before quantizing, the f
 a short calibration text while every projection sums the squares of its inputs per column; the
 mean squares become the ``importance`` that int4.quantize weighs its errors by (the idea of
 llama.cpp's importance matrix and of AWQ). On SmolLM2 this lifted top-5 agreement with float from
-73.8% (same search, unweighted) to 82.9% (``python benchmarks/bench_quant.py --only quality``).
+73.7% (same search, unweighted) to 83.2% (``python benchmarks/bench_quant.py --only quality``).
 
 The text is varied on purpose (prose, code, a list, numbers, dialogue, other languages) and has
 nothing to do with the conformance prompts that measure the result.

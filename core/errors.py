@@ -1,4 +1,7 @@
 """Errors that reach users as one line (CLI exit code 2, HTTP 400), never as a traceback."""
+from __future__ import annotations
+
+from typing import Iterable
 
 
 class QwenServeError(Exception):
@@ -15,6 +18,13 @@ class PluginUnavailable(QwenServeError):
 
 class ModelLoadError(QwenServeError):
     pass
+
+
+def require_choice(what: str, name: str, choices: Iterable[str], where: str = "") -> None:
+    """A one-line ModelLoadError naming the valid choices when ``name`` is not among them."""
+    choices = list(choices)
+    if name not in choices:
+        raise ModelLoadError(f"unknown {what} {name!r}{where}; choose one of {', '.join(choices)}")
 
 
 class InvalidRequest(QwenServeError, ValueError):

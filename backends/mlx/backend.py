@@ -15,7 +15,7 @@ import numpy as np
 from qwen_serve import int4
 from qwen_serve.checkpoint import TABLE_NAMES, Checkpoint
 from qwen_serve.config import ModelConfig
-from qwen_serve.errors import ModelLoadError
+from qwen_serve.errors import require_choice
 
 from .kv_storage import MLXKVStorage
 from .linear import DenseLinear, QuantizedLinear
@@ -26,10 +26,8 @@ DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
 def storage_dtype(name: str) -> mx.Dtype:
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise ModelLoadError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}") from None
+    require_choice("dtype", name, DTYPES)
+    return DTYPES[name]
 
 
 class MLXBackend:
@@ -42,9 +40,7 @@ class MLXBackend:
 
     def load_model(self, checkpoint: Checkpoint, dtype: str = "float32", quant: str = "none",
                    importance: Mapping[str, np.ndarray] | None = None) -> DecoderModel:
-        if quant not in self.quantizations:
-            raise ModelLoadError(f"quantization {quant!r} is not available in the mlx backend; "
-                                 f"choose one of {', '.join(self.quantizations)}")
+        require_choice("quantization", quant, self.quantizations, where=f" for the {self.name} backend")
         target = storage_dtype(dtype)
         weights = {name: array.astype(target) if array.ndim > 1 else array
                    for name, array in checkpoint_arrays(checkpoint)}

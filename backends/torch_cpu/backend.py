@@ -21,7 +21,7 @@ import torch
 from qwen_serve import int4
 from qwen_serve.checkpoint import TABLE_NAMES, Checkpoint
 from qwen_serve.config import ModelConfig
-from qwen_serve.errors import ModelLoadError
+from qwen_serve.errors import require_choice
 
 from .int4_linear import Int4Linear, Int8Linear, Scratch, quantizable
 from .kv_storage import TorchKVStorage
@@ -34,10 +34,8 @@ QUANTIZATIONS = ("none", "int4")
 
 
 def storage_dtype(name: str) -> torch.dtype:
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise ModelLoadError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}") from None
+    require_choice("dtype", name, DTYPES)
+    return DTYPES[name]
 
 
 class TorchBackend:
@@ -53,8 +51,7 @@ class TorchBackend:
 
     def load_model(self, checkpoint: Checkpoint, dtype: str = "float32", quant: str = "none",
                    importance: Mapping[str, np.ndarray] | None = None) -> DecoderModel:
-        if quant not in QUANTIZATIONS:
-            raise ModelLoadError(f"unknown quantization {quant!r} for the torch backend; choose one of {', '.join(QUANTIZATIONS)}")
+        require_choice("quantization", quant, self.quantizations, where=f" for the {self.name} backend")
         target = storage_dtype(dtype)
         scratch = Scratch()  # one dequantization buffer for the whole model
         weights = {}

@@ -165,8 +165,8 @@ def kernels() -> None:
     import torch
     import torch.nn.functional as F
 
-    from qwen_serve import int4
     from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Int8Linear
+    from qwen_serve.quant import int4
 
     torch.set_num_threads(os.cpu_count() or 1)
     rng = np.random.default_rng(0)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 from .config import ModelConfig
-from .sampling_params import SamplingParams
+from .engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ class ModelExecutor(Protocol):
 @runtime_checkable
 class Calibratable(Protocol):
     """An executor whose projections can be watched while it runs, so int4 quantization can
-    weigh each input column by the activations it meets (qwen_serve.calibration)."""
+    weigh each input column by the activations it meets (qwen_serve.quant.calibration)."""
 
     def projections(self) -> Iterable[tuple[str, Any, str]]:
         """(checkpoint weight name, object holding the layer, attribute name) of every linear

@@ -9,17 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from qwen_serve import int4
 from qwen_serve.backends.torch_cpu.backend import TorchBackend
 from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear
 from qwen_serve.backends.torch_cpu.model import rms_norm
-from qwen_serve.builder import build_engine, measure_importance
-from qwen_serve import calibration
-from qwen_serve.calibration import record_input_importance
-from qwen_serve.checkpoint import PROJECTIONS, load_checkpoint, projection_weight_name
 from qwen_serve.config import EngineConfig
-from qwen_serve.registry import load_registry
+from qwen_serve.engine.builder import build_engine, measure_importance
+from qwen_serve.models.checkpoint import PROJECTIONS, load_checkpoint, projection_weight_name
 from qwen_serve.protocols import Calibratable
+from qwen_serve.quant import calibration, int4
+from qwen_serve.quant.calibration import record_input_importance
+from qwen_serve.registry import load_registry
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +74,7 @@ def test_the_calibration_run_covers_every_projection_and_matches_layer0_by_hand(
     assert sorted(importance) == sorted(projection_weight_name(i, p) for i in range(layers) for p in PROJECTIONS)
     assert all(v.dtype == np.float32 and np.all(v >= 0) and v.any() for v in importance.values())
     # layer 0's input over the whole calibration text, from the embeddings by hand
-    from qwen_serve.calibration import calibration_token_lists
+    from qwen_serve.quant.calibration import calibration_token_lists
 
     model = _float_model(qwen3_tiny)
     rows = np.concatenate([_layer0_input(model, ids) for ids in calibration_token_lists(checkpoint.tokenizer, 10_000)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qwen_serve.conformance.qwen_tokenizer import build_qwen_tokenizer
-from qwen_serve.detokenizer import IncrementalDetokenizer
+from qwen_serve.engine.detokenizer import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from qwen_serve import LLM, SamplingParams
-
 from qwen_serve.conformance.reference import hf_greedy
 
 CHATS = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qwen_serve import int4
+from qwen_serve.quant import int4
 
 # --- the canonical format ---------------------------------------------------------------------
 
@@ -202,8 +202,8 @@ def test_nbytes_are_the_stored_bytes():
 from qwen_serve import LLM, SamplingParams  # noqa: E402
 from qwen_serve.backends.torch_cpu.backend import TorchBackend  # noqa: E402
 from qwen_serve.backends.torch_cpu.linear import DenseLinear  # noqa: E402
-from qwen_serve.checkpoint import load_checkpoint  # noqa: E402
 from qwen_serve.errors import ModelLoadError  # noqa: E402
+from qwen_serve.models.checkpoint import load_checkpoint  # noqa: E402
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 import pytest
+from server_process import parse_sse
 
 from qwen_serve import LLM, SamplingParams
 from qwen_serve.conformance.http_client import running_server
@@ -21,7 +22,6 @@ from qwen_serve.conformance.models import Qwen3Geometry, make_qwen3_checkpoint
 from qwen_serve.conformance.reference import hf_greedy
 from qwen_serve.errors import PluginUnavailable
 from qwen_serve.registry import load_registry
-from server_process import parse_sse
 
 CACHES = ["paged", "naive"]
 SAMPLED = dict(temperature=0.8, top_k=40, top_p=0.9, max_tokens=24, ignore_eos=True)
@@ -166,8 +166,8 @@ def test_kv_storage_grows_in_slabs_and_moves_exact_data():
 def test_int4_linear_is_the_canonical_format_through_mlx_kernels():
     import mlx.core as mx
 
-    from qwen_serve import int4
     from qwen_serve.backends.mlx.linear import QuantizedLinear
+    from qwen_serve.quant import int4
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((96, 256)).astype(np.float32)
@@ -187,7 +187,7 @@ def test_int4_model_follows_its_dequantized_weights(qwen3_tiny, tmp_path):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from qwen_serve import int4
+    from qwen_serve.quant import int4
 
     dequantized = tmp_path / "dequantized"
     dequantized.mkdir()

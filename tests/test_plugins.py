@@ -10,8 +10,8 @@ from qwen_serve import LLM, SamplingParams
 from qwen_serve.errors import PluginNotFound, PluginUnavailable
 from qwen_serve.hookspecs import hookimpl
 from qwen_serve.kv.paged import PagedKVCache
-from qwen_serve.registry import load_registry, make_plugin_manager
 from qwen_serve.protocols import Forking, KVCache, PrefixCaching
+from qwen_serve.registry import load_registry, make_plugin_manager
 
 
 def test_builtins_are_registered_without_entry_points():

@@ -8,9 +8,9 @@ import json
 
 import openai
 import pytest
+from server_process import StreamCollector, parse_sse, smollm2_model_name, smollm2_server  # noqa: F401 (fixtures)
 
 from qwen_serve import LLM, SamplingParams
-from server_process import StreamCollector, parse_sse, smollm2_model_name, smollm2_server  # noqa: F401 (fixtures)
 
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]  # greedy: a short answer, then EOS
 PARIS = [{"role": "user", "content": "Describe the city of Paris in three sentences."}]  # greedy: long prose

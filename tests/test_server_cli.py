@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from server_process import smollm2_server  # noqa: F401 (fixture)
 
 SPEC_FLAGS = ("--model", "--quant", "--port", "--max-batch", "--kv-blocks", "--block-size", "--chunk-size",

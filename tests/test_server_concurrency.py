@@ -12,7 +12,6 @@ import time
 
 import openai
 import pytest
-
 from server_process import StreamCollector, own_server, smollm2_model_name, smollm2_server  # noqa: F401 (fixtures)
 
 TOPICS = ["a lighthouse", "a violin", "the moon", "a bakery", "a glacier", "a robot", "a garden", "a train"]

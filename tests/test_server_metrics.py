@@ -10,7 +10,6 @@ import uuid
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from server_process import own_server
 
 KV_BLOCKS = 96

@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-
 from server_process import own_server, parse_sse
 
 MAX_SEQ_LEN = 256

@@ -1,7 +1,7 @@
 """The MLX backend: the torch backend's semantics on MLX arrays (on Linux through mlx[cpu]).
 
 Weights are stored in the chosen dtype and computed in float32, or, with quant "int4", kept as
-4-bit codes from the canonical format (``qwen_serve.int4``) and multiplied by
+4-bit codes from the canonical format (``qwen_serve.quant.int4``) and multiplied by
 mx.quantized_matmul. Norms always stay float32.
 """
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any, Mapping
 import mlx.core as mx
 import numpy as np
 
-from qwen_serve import int4
-from qwen_serve.checkpoint import TABLE_NAMES, Checkpoint
 from qwen_serve.config import ModelConfig
 from qwen_serve.errors import require_choice
+from qwen_serve.models.checkpoint import TABLE_NAMES, Checkpoint
+from qwen_serve.quant import int4
 
 from .kv_storage import MLXKVStorage
 from .linear import DenseLinear, QuantizedLinear

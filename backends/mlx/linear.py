@@ -1,7 +1,7 @@
 """Linear layers on MLX: float weights, int4 weights converted from the canonical format, and
 int8 weights for the embedding / tied head.
 
-Compute is float32. The canonical int4 layout (``qwen_serve.int4``) is already MLX's affine
+Compute is float32. The canonical int4 layout (``qwen_serve.quant.int4``) is already MLX's affine
 4-bit layout: code j of a row sits in bits 4 * (j % 8) of 32-bit word j // 8, and a weight is
 ``code * scale + bias`` with one scale and bias per 64 inputs. So the packed bytes are
 reinterpreted as uint32 words (little-endian) and scale/zero become scales/biases as they are.
@@ -14,7 +14,7 @@ from typing import Union
 import mlx.core as mx
 import numpy as np
 
-from qwen_serve.int4 import GROUP, Int4Weight
+from qwen_serve.quant.int4 import GROUP, Int4Weight
 
 INT4_BITS = 4
 

@@ -12,16 +12,15 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
-from qwen_serve.calibration import decoder_projections
-from qwen_serve.checkpoint import PROJECTIONS
 from qwen_serve.config import ModelConfig
 from qwen_serve.errors import ModelLoadError
+from qwen_serve.models.checkpoint import PROJECTIONS
 from qwen_serve.protocols import KVCache, StepBatch
+from qwen_serve.quant.calibration import decoder_projections
 
 from .attention import CachedAttention
 from .linear import DenseLinear, Linear
 from .step_layout import StepLayout, build_layout
-
 
 
 @dataclass

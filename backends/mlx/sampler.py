@@ -10,8 +10,8 @@ from typing import Sequence
 
 import mlx.core as mx
 
+from qwen_serve.engine.sampling_params import SamplingParams
 from qwen_serve.protocols import SampleResult
-from qwen_serve.sampling_params import SamplingParams
 
 
 class RequestKey:

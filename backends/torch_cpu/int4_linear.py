@@ -16,8 +16,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qwen_serve.int4 import GROUP, Int4Weight, can_quantize
-from qwen_serve.int4 import dequantize as dequantize_int4
+from qwen_serve.quant.int4 import GROUP, Int4Weight, can_quantize
+from qwen_serve.quant.int4 import dequantize as dequantize_int4
 
 from .native import has_fast_bf16_matmul, load_kernels
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from qwen_serve.calibration import decoder_projections
-from qwen_serve.checkpoint import PROJECTIONS
 from qwen_serve.config import ModelConfig
 from qwen_serve.errors import ModelLoadError
+from qwen_serve.models.checkpoint import PROJECTIONS
 from qwen_serve.protocols import KVCache, StepBatch
+from qwen_serve.quant.calibration import decoder_projections
 
 from .attention import CachedAttention
 from .linear import DenseLinear

@@ -7,8 +7,8 @@ from typing import Sequence
 
 import torch
 
+from qwen_serve.engine.sampling_params import SamplingParams
 from qwen_serve.protocols import SampleResult
-from qwen_serve.sampling_params import SamplingParams
 
 
 class TorchSampler:

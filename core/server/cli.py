@@ -5,8 +5,8 @@ import argparse
 import sys
 from typing import Sequence
 
-from .config import EngineConfig
-from .errors import QwenServeError
+from ..config import EngineConfig
+from ..errors import QwenServeError
 
 DEFAULTS = EngineConfig()
 
@@ -53,9 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .builder import build_engine
-    from .memory_plan import format_memory_plan
-    from .sampling_params import SamplingParams
+    from ..engine.builder import build_engine
+    from ..engine.sampling_params import SamplingParams
+    from ..models.memory_plan import format_memory_plan
 
     parts = build_engine(args.model, args.backend, args.kv_cache, args.dtype, args.quant, **engine_options(args))
     print(format_memory_plan(parts, args.dtype, args.quant), file=sys.stderr)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .config import ModelConfig
-from .errors import ModelLoadError
+from ..config import ModelConfig
+from ..errors import ModelLoadError
 from .tokenizer import Tokenizer
 
 # The vocabulary-sized matrices: the embedding and (when not tied to it) the output head.

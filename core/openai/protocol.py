@@ -1,4 +1,4 @@
-"""The OpenAI Chat Completions schema subset: parse and validate requests, build responses.
+"""The OpenAI Chat Completions request schema: parse and validate a request body.
 
 Validation is strict about types (a bool is not a number) and lenient about unknown fields, as
 OpenAI clients send extras. Every rejection is an InvalidRequest naming the parameter.
@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import math
-import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidRequest
-from .sampling_params import SamplingParams
+from ..engine.sampling_params import SamplingParams
+from ..errors import InvalidRequest
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
 DEFAULT_MAX_TOKENS = 256
@@ -136,45 +134,3 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
     return ChatRequest(messages, params, stream, model)
-
-
-def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def new_completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-def completion_response(completion_id: str, model: str, created: int, text: str, finish_reason: str,
-                        prompt_tokens: int, completion_tokens: int, logprobs: list | None) -> dict[str, Any]:
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": {"role": "assistant", "content": text},
-        "logprobs": None if logprobs is None else {"content": logprobs},
-        "finish_reason": finish_reason,
-    }
-    return {"id": completion_id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [choice], "usage": usage(prompt_tokens, completion_tokens)}
-
-
-def chunk(completion_id: str, model: str, created: int, delta: dict[str, Any], finish_reason: str | None = None,
-          logprobs: list | None = None, usage_block: dict[str, int] | None = None) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish_reason}
-    if logprobs is not None:
-        choice["logprobs"] = {"content": logprobs}
-    out: dict[str, Any] = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                           "model": model, "choices": [choice]}
-    if usage_block is not None:
-        out["usage"] = usage_block
-    return out
-
-
-def now() -> int:
-    return int(time.time())

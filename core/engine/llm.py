@@ -5,8 +5,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ..registry import Registry
 from .builder import EngineParts, build_engine
-from .registry import Registry
 from .sampling_params import SamplingParams
 
 

@@ -1,120 +1,38 @@
-"""The OpenAI-compatible HTTP API on aiohttp (SPEC §4).
+"""POST /v1/chat/completions: render the conversation, run it, answer as JSON or as SSE.
 
-Every client mistake becomes a 4xx with an OpenAI error body before any SSE byte is sent; a
-client that goes away (mid-stream or while waiting) aborts its request, so its KV blocks
-return to the pool at once.
+A client that goes away (mid-stream or while waiting) closes the output generator, which aborts
+the request, so its KV blocks return to the pool at once.
 """
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
 import time
 from contextlib import aclosing
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
 
-from .async_engine import AsyncEngine, EngineFailure
-from .errors import InvalidRequest
-from .metrics import ServerMetrics
-from .openai_api import (ChatRequest, chunk, completion_response, error_body, new_completion_id, now,
-                         parse_chat_request, usage)
-from .tokenizer import Tokenizer
-
-log = logging.getLogger("qwen_serve.http")
-MAX_BODY_BYTES = 4 * 2**20
+from ..engine.async_engine import AsyncEngine, EngineFailure
+from ..errors import InvalidRequest
+from ..models.tokenizer import Tokenizer
+from .protocol import ChatRequest, parse_chat_request
+from .responses import chunk, completion_response, error_body, json_response, new_completion_id, now, sse, usage
 
 
-@dataclass(frozen=True)
-class ServerInfo:
-    model: str
-    aliases: tuple[str, ...]
-    backend: str
-    quant: str
-    block_size: int
-    kv_blocks_total: int
-    max_batch: int
-
-    def serves(self, name: str) -> bool:
-        return name == self.model or name in self.aliases
-
-
-def json_response(body: Any, status: int = 200, headers: dict | None = None) -> web.Response:
-    return web.json_response(body, status=status, headers=headers,
-                             dumps=lambda o: json.dumps(o, ensure_ascii=False))
-
-
-def sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-
-
-@web.middleware
-async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
-    """Turn every failure into an OpenAI error body; bad input is never a 500."""
-    try:
-        return await handler(request)
-    except InvalidRequest as exc:
-        return json_response(error_body(str(exc), param=exc.param), status=400)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        message = {404: f"no route {request.method} {request.path}", 405: f"method {request.method} not allowed on {request.path}",
-                   413: f"request body exceeds {MAX_BODY_BYTES} bytes"}.get(exc.status, exc.reason)
-        return json_response(error_body(message), status=exc.status, headers=headers)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return json_response(error_body("internal server error", type_="server_error"), status=500)
-
-
-class ChatServer:
-    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, info: ServerInfo) -> None:
+class ChatCompletions:
+    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, model: str, serves: Callable[[str], bool],
+                 metrics: Any) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
-        self.info = info
-        self.metrics = ServerMetrics(engine)
+        self.model = model
+        self.serves = serves
+        self.metrics = metrics
 
-    def make_app(self) -> web.Application:
-        app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/metrics", self.metrics_endpoint)
-        app.router.add_get("/metrics/prometheus", self.metrics_prometheus)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
-        return app
-
-    # --- simple endpoints ---------------------------------------------------------------
-    async def health(self, request: web.Request) -> web.Response:
-        i = self.info
-        return json_response({"status": "ok", "model": i.model, "backend": i.backend, "quant": i.quant,
-                              "block_size": i.block_size, "kv_blocks_total": i.kv_blocks_total,
-                              "max_batch": i.max_batch})
-
-    async def models(self, request: web.Request) -> web.Response:
-        return json_response({"object": "list", "data": [
-            {"id": self.info.model, "object": "model", "created": 0, "owned_by": "qwen-serve"}]})
-
-    async def metrics_endpoint(self, request: web.Request) -> web.Response:
-        accept = request.headers.get("Accept", "")
-        if "text/plain" in accept and "application/json" not in accept:
-            return await self.metrics_prometheus(request)
-        return json_response(self.metrics.as_json())
-
-    async def metrics_prometheus(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.prometheus_text(), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    # --- chat completions ---------------------------------------------------------------
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
         arrival = time.monotonic()
         req = parse_chat_request(await request.read())
-        if req.model is not None and not self.info.serves(req.model):
+        if req.model is not None and not self.serves(req.model):
             return json_response(error_body(f"model {req.model!r} is not served here (this server serves "
-                                            f"{self.info.model!r})", param="model", code="model_not_found"),
+                                            f"{self.model!r})", param="model", code="model_not_found"),
                                  status=404)
         try:
             prompt = self.tokenizer.encode_chat(req.messages)
@@ -123,7 +41,7 @@ class ChatServer:
         request_id = new_completion_id()
         outputs = self.engine.generate(request_id, prompt, req.params, arrival)  # validates
         self.metrics.record_request()
-        reply = _Reply(request_id, self.info.model, len(prompt), arrival)
+        reply = _Reply(request_id, self.model, len(prompt), arrival)
         async with aclosing(outputs):
             if req.stream:
                 return await self._stream(request, req, outputs, reply)
@@ -169,6 +87,7 @@ class ChatServer:
         ttft = None if reply.first_token_at is None else reply.first_token_at - reply.arrival
         decode = 0.0 if reply.first_token_at is None else reply.last_token_at - reply.first_token_at
         self.metrics.record_latency(ttft, decode, reply.completion_tokens)
+
 
 
 class _Reply:

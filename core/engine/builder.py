@@ -7,16 +7,21 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .calibration import (calibration_token_lists, importance_key, load_importance, record_input_importance,
-                          save_importance)
-from .checkpoint import Checkpoint, load_checkpoint
-from .config import EngineConfig, ModelConfig
-from .default_model import default_model_path
+from ..config import EngineConfig, ModelConfig
+from ..models.checkpoint import Checkpoint, load_checkpoint
+from ..models.default_model import default_model_path
+from ..models.tokenizer import Tokenizer
+from ..protocols import Backend, Calibratable, KVCache, ModelExecutor
+from ..quant.calibration import (
+    calibration_token_lists,
+    importance_key,
+    load_importance,
+    record_input_importance,
+    save_importance,
+)
+from ..registry import Registry, load_registry
 from .engine import Engine
-from .registry import Registry, load_registry
-from .protocols import Backend, Calibratable, KVCache, ModelExecutor
 from .sampling_params import SamplingParams
-from .tokenizer import Tokenizer
 
 
 @dataclass
@@ -44,7 +49,7 @@ def build_engine(
     **engine_options: Any,
 ) -> EngineParts:
     """With a quant other than "none" and ``calibrate``, the float model first reads the
-    calibration text (qwen_serve.calibration) if its backend can watch its projections."""
+    calibration text (qwen_serve.quant.calibration) if its backend can watch its projections."""
     # Resolve every name before loading weights, so a typo fails in milliseconds.
     registry = registry or load_registry(env)
     config = EngineConfig(**engine_options)

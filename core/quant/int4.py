@@ -49,7 +49,7 @@ def quantize(weight: np.ndarray, importance: np.ndarray | None = None) -> Int4We
 
     ``importance`` ([in], non-negative) says how much an error in each input column costs: the
     mean square of the activations that column multiplies, measured on calibration text (see
-    qwen_serve.calibration). Without it every column counts the same.
+    qwen_serve.quant.calibration). Without it every column counts the same.
     """
     w = np.asarray(weight)
     if not can_quantize(w.shape):

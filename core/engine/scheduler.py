@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from .config import EngineConfig
-from .protocols import KVCache, PrefixCaching, ScheduledChunk, StepBatch
+from ..config import EngineConfig
+from ..protocols import KVCache, PrefixCaching, ScheduledChunk, StepBatch
 from .sequence import Sequence, Status
 
 

@@ -8,9 +8,9 @@ from typing import Any, Iterator
 import tokenizers
 from safetensors import safe_open
 
+from ..config import ModelConfig
+from ..errors import ModelLoadError
 from .checkpoint import Checkpoint, read_json
-from .config import ModelConfig
-from .errors import ModelLoadError
 from .tokenizer import Tokenizer
 
 

@@ -1,22 +1,13 @@
-"""Tokenization through the `tokenizers` library and chat templates rendered with jinja2,
-the way transformers renders them (sandboxed, trim_blocks/lstrip_blocks, raise_exception)."""
+"""Tokenization through the `tokenizers` library, plus the model's chat template
+(qwen_serve.models.chat_template) so a conversation becomes token ids in one call."""
 from __future__ import annotations
 
-import json
 from functools import cached_property, lru_cache
 from typing import Any, Sequence
 
-import jinja2
-import jinja2.sandbox
 import tokenizers
 
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, **_: Any) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent)
+from .chat_template import ChatTemplate
 
 
 @lru_cache(maxsize=1)
@@ -31,20 +22,6 @@ def _byte_level_decoding() -> dict[str, int]:
             table[chr(256 + shift)] = byte
             shift += 1
     return table
-
-
-class ChatTemplate:
-    def __init__(self, source: str) -> None:
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.filters["tojson"] = _tojson
-        env.globals["raise_exception"] = _raise_exception
-        self.source = source
-        self._template = env.from_string(source)
-
-    def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **context: Any) -> str:
-        return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **context)
 
 
 class Tokenizer:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import AsyncGenerator, Callable, Sequence
 
 from .engine import Engine, RequestOutput
-from .metrics import EngineSnapshot, ThroughputWindow
 from .sampling_params import SamplingParams
+from .stats import EngineSnapshot, ThroughputWindow
 
 log = logging.getLogger("qwen_serve.engine")
 

@@ -12,9 +12,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ..config import ModelConfig
+from ..errors import ModelLoadError
 from .checkpoint import Checkpoint
-from .config import ModelConfig
-from .errors import ModelLoadError
 from .gguf_tokenizer import gguf_fields, tokenizer_from_gguf
 from .tokenizer import Tokenizer
 

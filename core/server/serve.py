@@ -6,8 +6,8 @@ from typing import Any
 
 from aiohttp import web
 
-from .async_engine import AsyncEngine
-from .http_server import ChatServer, ServerInfo
+from ..engine.async_engine import AsyncEngine
+from .app import ChatServer, ServerInfo
 
 
 def serve(parts: Any, host: str, port: int, quant: str, served_name: str | None, model_arg: str | None) -> None:

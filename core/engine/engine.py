@@ -8,14 +8,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence as Seq
 
-from .config import EngineConfig, ModelConfig
+from ..config import EngineConfig, ModelConfig
+from ..errors import InvalidRequest
+from ..models.tokenizer import Tokenizer
+from ..protocols import KVCache, ModelExecutor, PrefixCaching, Sampler
 from .detokenizer import IncrementalDetokenizer
-from .errors import InvalidRequest
-from .protocols import KVCache, ModelExecutor, PrefixCaching, Sampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .tokenizer import Tokenizer
 
 log = logging.getLogger("qwen_serve.engine")
 

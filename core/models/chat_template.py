@@ -1,0 +1,32 @@
+"""Chat templates rendered with jinja2 the way transformers renders them: in the immutable
+sandbox (a template is code that arrives with a checkpoint), trim_blocks/lstrip_blocks, and
+``raise_exception`` / ``tojson`` available to the template."""
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import jinja2
+import jinja2.sandbox
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, **_: Any) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent)
+
+
+class ChatTemplate:
+    def __init__(self, source: str) -> None:
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        self.source = source
+        self._template = env.from_string(source)
+
+    def render(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **context: Any) -> str:
+        return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **context)

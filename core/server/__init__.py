@@ -1,0 +1,1 @@
+"""The HTTP server process: aiohttp app and routes, metrics, and the command line."""

@@ -30,6 +30,8 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     new_logprobs: list[dict[int, float] | None] = field(default_factory=list)
+    index: int = 0  # which of the request's n choices (SamplingParams.n) this output belongs to
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (set on the final output)
 
 
 @dataclass
@@ -73,6 +75,12 @@ class Engine:
         vocab = self.model_config.vocab_size
         if any(t < 0 or t >= vocab for t in prompt):
             raise InvalidRequest(f"prompt token ids must be in [0, {vocab})")
+        unimplemented = [name for name, on in (
+            ("n > 1", params.n > 1), ("penalties and logit_bias", params.penalized), ("min_p", params.min_p > 0),
+            ("stop_token_ids", bool(params.stop_token_ids)), ("min_tokens", params.min_tokens > 0),
+            ("structured output", params.structured is not None)) if on]
+        if unimplemented:  # fields of the SamplingParams contract that the engine does not act on yet
+            raise InvalidRequest(f"not supported yet: {', '.join(unimplemented)}")
         total = len(prompt) + params.max_tokens
         if total > self.max_seq_len or not self.cache.can_fit(total):
             raise InvalidRequest(
@@ -198,4 +206,5 @@ class Engine:
             self.scheduler.finish(seq, reason)
             self.sequences.pop(seq.request_id, None)
         text = seq.detokenizer.release(final=reason is not None)
-        return RequestOutput(seq.request_id, [token], text, reason is not None, reason, [logprobs])
+        return RequestOutput(seq.request_id, [token], text, reason is not None, reason, [logprobs],
+                             num_cached_tokens=seq.num_cached_prompt_tokens)

@@ -1,7 +1,13 @@
-"""Command line: `python -m qwen_serve [flags]` (SPEC §5). Errors are one line, exit code 2."""
+"""Command line: `python -m qwen_serve [flags]` (SPEC §5). Errors are one line, exit code 2.
+
+``qwen-serve COMMAND ...`` runs another tool instead of the server: COMMANDS maps each name to
+the module whose ``main(argv) -> int`` it runs, imported only when chosen, so a tool's
+dependencies (plotting, Ray) never load with the server.
+"""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from typing import Sequence
 
@@ -9,6 +15,7 @@ from ..config import EngineConfig
 from ..errors import QwenServeError
 
 DEFAULTS = EngineConfig()
+COMMANDS: dict[str, str] = {}  # subcommand name -> module with main(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +50,9 @@ def engine_options(args: argparse.Namespace) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMMANDS:
+        return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

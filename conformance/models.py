@@ -11,13 +11,11 @@ from qwen_serve.models.default_model import default_model_path
 
 from .qwen_tokenizer import qwen_tokenizer_json_path
 
-# A ChatML template in the shape Qwen models use (system, user and assistant turns).
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+# Qwen3's own chat template (thinking switch, tools, tool calls and tool responses), as shipped in
+# Qwen/Qwen3-0.6B's tokenizer_config.json. Source: llama.cpp's copy of it,
+# models/templates/Qwen-Qwen3-0.6B.jinja (read from the ye-NX/llama.cpp fork at commit
+# b354d7c9ecb76c97c07098617cdebbdfffa2583e, line endings normalized to LF).
+QWEN3_CHAT_TEMPLATE = (Path(__file__).parent / "qwen3_chat_template.jinja").read_text(encoding="utf-8")
 
 IM_END = 151645
 ENDOFTEXT = 151643
@@ -72,7 +70,7 @@ def make_qwen3_checkpoint(directory: Path, geometry: Qwen3Geometry = Qwen3Geomet
         "bos_token": None,
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
-        "chat_template": CHATML_TEMPLATE,
+        "chat_template": QWEN3_CHAT_TEMPLATE,
         "model_max_length": geometry.max_position_embeddings,
     }, indent=1))
     return directory

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 LOOPBACK = "127.0.0.1"
 
@@ -25,8 +25,10 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: Sequence[str], startup_timeout_s: float = 120.0) -> None:
+    def __init__(self, args: Sequence[str], startup_timeout_s: float = 120.0,
+                 env: Mapping[str, str] | None = None) -> None:
         self.args = list(args)
+        self.env = dict(env or {})  # added to the server's environment (e.g. QWEN_SERVE_PLUGIN_MODULES)
         self.startup_timeout_s = startup_timeout_s
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}"
@@ -40,7 +42,8 @@ class ServerProcess:
         return [sys.executable, "-m", "qwen_serve", "--host", LOOPBACK, "--port", str(self.port), *self.args]
 
     def start(self) -> "ServerProcess":
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+               **self.env}
         with open(self._log_path, "ab") as log:  # append mode: our reads never move the child's writes
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.startup_timeout_s

@@ -3,7 +3,7 @@ collector that checks the openai-client chunk contract."""
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pytest
 
@@ -37,9 +37,9 @@ def shared_server(request: pytest.FixtureRequest, key: str, args: Sequence[str])
     return server
 
 
-def own_server(args: Sequence[str]):
+def own_server(args: Sequence[str], env: Mapping[str, str] | None = None):
     """Generator body for a module-scoped fixture: a server that lives as long as the fixture."""
-    server = ServerProcess(args).start()
+    server = ServerProcess(args, env=env).start()
     try:
         yield server
     finally:

@@ -11,6 +11,8 @@ from server_process import own_server, parse_sse
 
 MAX_SEQ_LEN = 256
 HELLO = [{"role": "user", "content": "Hello"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +22,21 @@ def server(qwen3_tiny):
 
 def body(**fields) -> dict:
     return {"messages": HELLO, "max_tokens": 4, **fields}
+
+
+def tool(**function) -> list[dict]:
+    return [{"type": "function", "function": {"name": "f", **function}}]
+
+
+def completion(**fields) -> dict:
+    return {"prompt": "Hello", "max_tokens": 4, **fields}
+
+
+def call_history(arguments: str) -> list[dict]:
+    return [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
 
 
 def nonfinite(name: str, literal: str) -> bytes:
@@ -64,16 +81,95 @@ BAD_REQUESTS = [
     ("max_tokens over max_seq_len", "POST", "/v1/chat/completions", body(max_tokens=MAX_SEQ_LEN), 400),
     ("prompt over max_seq_len", "POST", "/v1/chat/completions",
      body(messages=[{"role": "user", "content": "word " * MAX_SEQ_LEN}], max_tokens=1), 400),
-    ("unsupported n=2", "POST", "/v1/chat/completions", body(n=2), 400),
+    ("n 0", "POST", "/v1/chat/completions", body(n=0), 400),
+    ("n over 128", "POST", "/v1/chat/completions", body(n=129), 400),
+    ("presence_penalty over 2", "POST", "/v1/chat/completions", body(presence_penalty=2.5), 400),
+    ("frequency_penalty below -2", "POST", "/v1/chat/completions", body(frequency_penalty=-3), 400),
+    ("repetition_penalty 0", "POST", "/v1/chat/completions", body(repetition_penalty=0), 400),
+    ("logit_bias as array", "POST", "/v1/chat/completions", body(logit_bias=[1, 2]), 400),
+    ("logit_bias key not a token id", "POST", "/v1/chat/completions", body(logit_bias={"abc": 1}), 400),
+    ("logit_bias negative id", "POST", "/v1/chat/completions", body(logit_bias={"-1": 1}), 400),
+    ("logit_bias id over vocab", "POST", "/v1/chat/completions", body(logit_bias={"999999": 1}), 400),
+    ("logit_bias over 100", "POST", "/v1/chat/completions", body(logit_bias={"11": 101}), 400),
+    ("min_p over 1", "POST", "/v1/chat/completions", body(min_p=1.5), 400),
+    ("min_tokens over max_tokens", "POST", "/v1/chat/completions", body(min_tokens=5), 400),
+    ("stop_token_ids not ids", "POST", "/v1/chat/completions", body(stop_token_ids=["a"]), 400),
+    ("ignore_eos as string", "POST", "/v1/chat/completions", body(ignore_eos="yes"), 400),
+    ("stream_options without stream", "POST", "/v1/chat/completions", body(stream_options={"include_usage": True}),
+     400),
+    ("tools as object", "POST", "/v1/chat/completions", body(tools={"type": "function"}), 400),
+    ("tool without function", "POST", "/v1/chat/completions", body(tools=[{"type": "function"}]), 400),
+    ("tool name with spaces", "POST", "/v1/chat/completions", body(tools=tool(name="get weather")), 400),
+    ("tool parameters not a schema", "POST", "/v1/chat/completions", body(tools=tool(parameters={"type": "strang"})),
+     400),
+    ("tool parameters as string", "POST", "/v1/chat/completions", body(tools=tool(parameters="{}")), 400),
+    ("same tool twice", "POST", "/v1/chat/completions", body(tools=TOOLS + TOOLS), 400),
+    ("tool_choice names no offered tool", "POST", "/v1/chat/completions",
+     body(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}}), 400),
+    ("tool_choice required without tools", "POST", "/v1/chat/completions", body(tool_choice="required"), 400),
+    ("tool_choice unknown", "POST", "/v1/chat/completions", body(tools=TOOLS, tool_choice="sometimes"), 400),
+    ("response_format unknown type", "POST", "/v1/chat/completions", body(response_format={"type": "xml"}), 400),
+    ("response_format as string", "POST", "/v1/chat/completions", body(response_format="json"), 400),
+    ("json_schema without schema", "POST", "/v1/chat/completions",
+     body(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), 400),
+    ("json_schema without name", "POST", "/v1/chat/completions",
+     body(response_format={"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}), 400),
+    ("json_schema invalid schema", "POST", "/v1/chat/completions",
+     body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}), 400),
+    ("response_format with tool_choice required", "POST", "/v1/chat/completions",
+     body(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}), 400),
+    ("tool call arguments not JSON", "POST", "/v1/chat/completions", body(messages=call_history("{oops")), 400),
+    ("tool call arguments not an object", "POST", "/v1/chat/completions", body(messages=call_history("[1]")), 400),
+    ("tool message without tool_call_id", "POST", "/v1/chat/completions",
+     body(messages=[{"role": "tool", "content": "sunny"}]), 400),
+    ("tool_calls on a user message", "POST", "/v1/chat/completions",
+     body(messages=[{"role": "user", "content": "x", "tool_calls": []}]), 400),
+    ("user content null", "POST", "/v1/chat/completions", body(messages=[{"role": "user", "content": None}]), 400),
+    ("chat_template_kwargs as list", "POST", "/v1/chat/completions", body(chat_template_kwargs=[1]), 400),
+    ("chat_template_kwargs setting messages", "POST", "/v1/chat/completions",
+     body(chat_template_kwargs={"messages": []}), 400),
+    ("reasoning_effort unknown", "POST", "/v1/chat/completions", body(reasoning_effort="extreme"), 400),
+    ("completions: no prompt", "POST", "/v1/completions", {"max_tokens": 4}, 400),
+    ("completions: prompt as number", "POST", "/v1/completions", completion(prompt=5), 400),
+    ("completions: mixed prompt list", "POST", "/v1/completions", completion(prompt=["a", 1]), 400),
+    ("completions: token id over vocab", "POST", "/v1/completions", completion(prompt=[1, 999999]), 400),
+    ("completions: negative token id", "POST", "/v1/completions", completion(prompt=[[5, 6], [-1]]), 400),
+    ("completions: echo", "POST", "/v1/completions", completion(echo=True), 400),
+    ("completions: suffix", "POST", "/v1/completions", completion(suffix="!"), 400),
+    ("completions: logprobs over 20", "POST", "/v1/completions", completion(logprobs=21), 400),
+    ("completions: best_of", "POST", "/v1/completions", completion(best_of=3), 400),
+    ("completions: too long", "POST", "/v1/completions", completion(max_tokens=MAX_SEQ_LEN), 400),
+    ("completions: unknown model", "POST", "/v1/completions", completion(model="gpt-4o"), 404),
+    ("tokenize: no prompt or messages", "POST", "/tokenize", {}, 400),
+    ("tokenize: both prompt and messages", "POST", "/tokenize", {"prompt": "a", "messages": HELLO}, 400),
+    ("detokenize: id over vocab", "POST", "/detokenize", {"tokens": [1, 999999]}, 400),
+    ("detokenize: tokens as string", "POST", "/detokenize", {"tokens": "abc"}, 400),
     ("unknown model", "POST", "/v1/chat/completions", body(model="gpt-4o"), 404),
     ("huge body", "POST", "/v1/chat/completions",
      body(messages=[{"role": "user", "content": "x" * (5 * 2**20)}]), 413),
     ("unknown route", "GET", "/v1/nothing-here", None, 404),
     ("unknown POST route", "POST", "/v1/completions-typo", body(), 404),
     ("GET on chat completions", "GET", "/v1/chat/completions", None, 405),
+    ("GET on completions", "GET", "/v1/completions", None, 405),
     ("POST on health", "POST", "/health", body(), 405),
     ("DELETE on metrics", "DELETE", "/metrics", None, 405),
 ]
+
+
+# The field each rejection must name in error.param (a sample of the cases above).
+NAMED_FIELDS = {
+    "n over 128": "n", "presence_penalty over 2": "presence_penalty", "repetition_penalty 0": "repetition_penalty",
+    "logit_bias id over vocab": "logit_bias", "min_p over 1": "min_p", "min_tokens over max_tokens": "min_tokens",
+    "tool name with spaces": "tools[0].function.name", "tool parameters not a schema": "tools[0].function.parameters",
+    "same tool twice": "tools[1].function.name", "tool_choice names no offered tool": "tool_choice",
+    "response_format unknown type": "response_format.type",
+    "json_schema without schema": "response_format.json_schema.schema",
+    "json_schema invalid schema": "response_format.json_schema.schema",
+    "tool call arguments not JSON": "messages[1].tool_calls[0].function.arguments",
+    "tool message without tool_call_id": "messages[0].tool_call_id", "user content null": "messages[0].content",
+    "unknown role": "messages[0].role", "completions: negative token id": "prompt[1]", "completions: echo": "echo",
+    "detokenize: id over vocab": "tokens",
+}
 
 
 def assert_openai_error(status: int, headers: dict, raw: bytes, expected_status: int) -> dict:
@@ -93,12 +189,21 @@ def test_bad_request_gets_documented_error(server, method, path, payload, expect
     assert_openai_error(status, headers, raw, expected)
 
 
+@pytest.mark.parametrize("case", NAMED_FIELDS)
+def test_rejection_names_the_field(server, case):
+    method, path, payload, expected = next(c[1:] for c in BAD_REQUESTS if c[0] == case)
+    status, headers, raw = server.request(method, path, payload)
+    error = assert_openai_error(status, headers, raw, expected)
+    assert error["param"] == NAMED_FIELDS[case] and NAMED_FIELDS[case] in error["message"], error
+
+
 @pytest.mark.parametrize("fields", [
     {"temperature": -1},
     {"max_tokens": MAX_SEQ_LEN},
     {"messages": []},
-    {"n": 2},
-], ids=["temperature", "too long", "no messages", "n"])
+    {"n": 0},
+    {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+], ids=["temperature", "too long", "no messages", "n", "tool_choice"])
 def test_bad_streaming_request_gets_json_not_sse(server, fields):
     status, headers, raw = server.request("POST", "/v1/chat/completions", body(stream=True, **fields))
     assert not raw.startswith(b"data:")

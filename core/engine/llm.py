@@ -1,13 +1,23 @@
-"""The offline, vLLM-shaped Python API: LLM(...).generate / .chat."""
+"""The offline, vLLM-shaped Python API: LLM(...).generate / .chat.
+
+``chat`` renders and parses through the same ChatFormat as the HTTP server
+(qwen_serve.openai.chat_format): tools and template arguments reach the template, and each
+output's ``message`` holds the reply split into reasoning, content and tool calls.
+"""
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..registry import Registry
 from .builder import EngineParts, build_engine
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from ..openai.chat_format import ChatFormat
+    from ..openai.output_parser import ChatMessage
 
 
 @dataclass
@@ -18,6 +28,7 @@ class CompletionOutput:
     text: str
     finish_reason: str | None
     logprobs: list[dict[int, float] | None] | None = None
+    message: "ChatMessage | None" = None  # from LLM.chat: reasoning_content, content, tool_calls
 
 
 class LLM:
@@ -32,6 +43,8 @@ class LLM:
         quant: str = "none",
         env: Mapping[str, str] | None = None,
         registry: Registry | None = None,
+        reasoning_parser: str | None = None,
+        tool_call_parser: str | None = None,
         **engine_options: Any,
     ) -> None:
         parts: EngineParts = build_engine(model, backend, kv_cache, dtype, quant, env=env, registry=registry,
@@ -41,6 +54,13 @@ class LLM:
         self.tokenizer = parts.tokenizer
         self.config = parts.model_config
         self._ids = itertools.count()
+        self._parser_names = (reasoning_parser, tool_call_parser)
+
+    @cached_property
+    def chat_format(self) -> "ChatFormat":
+        from ..openai.chat_format import ChatFormat
+
+        return ChatFormat(self.tokenizer, *self._parser_names)
 
     def generate(self, prompts: Sequence[str | Sequence[int]] | str, params: SamplingParams | None = None) -> list[CompletionOutput]:
         if isinstance(prompts, str):
@@ -49,11 +69,24 @@ class LLM:
         return self._run(token_lists, params or SamplingParams())
 
     def chat(self, conversations: Sequence[Sequence[Mapping[str, Any]]], params: SamplingParams | None = None,
+             tools: Sequence[Mapping[str, Any]] | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
              **template_context: Any) -> list[CompletionOutput]:
+        """Conversations and tools in the OpenAI request shapes (validated the same way: a bad
+        one raises InvalidRequest); keyword arguments also reach the template."""
+        from ..openai.messages import parse_messages
+        from ..openai.tools import parse_tools
+
         if conversations and isinstance(conversations[0], Mapping):
             conversations = [conversations]  # a single conversation
-        token_lists = [self.tokenizer.encode_chat(list(c), **template_context) for c in conversations]
-        return self._run(token_lists, params or SamplingParams())
+        offered = parse_tools(None if tools is None else list(tools))
+        kwargs = {**template_context, **(chat_template_kwargs or {})}
+        rendered = [self.chat_format.render(parse_messages(list(c)), offered, template_kwargs=kwargs)
+                    for c in conversations]
+        outputs = self._run([r.token_ids for r in rendered], params or SamplingParams())
+        by_prompt = {tuple(r.token_ids): r for r in rendered}  # outputs may be several per prompt (n)
+        for out in outputs:
+            out.message = self.chat_format.output_parser(by_prompt[tuple(out.prompt_token_ids)]).parse(out.text)
+        return outputs
 
     def _run(self, token_lists: list[list[int]], params: SamplingParams) -> list[CompletionOutput]:
         seqs = self.engine.run([(f"offline-{next(self._ids)}", tokens, params) for tokens in token_lists])

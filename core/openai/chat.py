@@ -1,135 +1,121 @@
 """POST /v1/chat/completions: render the conversation, run it, answer as JSON or as SSE.
 
-A client that goes away (mid-stream or while waiting) closes the output generator, which aborts
-the request, so its KV blocks return to the pool at once.
+A request with n choices gets outputs for indexes 0..n-1 interleaved; each choice has its own
+parser state, and the reply is done when every choice has finished. The JSON reply parses each
+choice's whole text; the stream parses it delta by delta with the same state machines, so the
+joined deltas equal the JSON message.
 """
 from __future__ import annotations
 
 import time
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any, Callable
 
 from aiohttp import web
 
-from ..engine.async_engine import AsyncEngine, EngineFailure
-from ..errors import InvalidRequest
+from ..engine.engine import RequestOutput
 from ..models.tokenizer import Tokenizer
-from .protocol import ChatRequest, parse_chat_request
-from .responses import chunk, completion_response, error_body, json_response, new_completion_id, now, sse, usage
+from .logprobs import chat_logprob_entry
+from .output_parser import ChatOutputParser, MessageDelta
+from .protocol import parse_chat_request
+from .responses import chat_choice, chat_chunk, chat_completion, delta_choice, new_completion_id
+from .serving import ReplyTally, ServedModel, answer_json, answer_stream
+from .structured import structured_output
 
 
 class ChatCompletions:
-    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, model: str, serves: Callable[[str], bool],
-                 metrics: Any) -> None:
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.model = model
-        self.serves = serves
-        self.metrics = metrics
+    def __init__(self, served: ServedModel) -> None:
+        self.served = served
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         arrival = time.monotonic()
-        req = parse_chat_request(await request.read())
-        if req.model is not None and not self.serves(req.model):
-            return json_response(error_body(f"model {req.model!r} is not served here (this server serves "
-                                            f"{self.model!r})", param="model", code="model_not_found"),
-                                 status=404)
-        try:
-            prompt = self.tokenizer.encode_chat(req.messages)
-        except Exception as exc:  # the template rejected the conversation (e.g. role order)
-            raise InvalidRequest(f"could not apply the chat template: {exc}", param="messages") from None
-        request_id = new_completion_id()
-        outputs = self.engine.generate(request_id, prompt, req.params, arrival)  # validates
-        self.metrics.record_request()
-        reply = _Reply(request_id, self.model, len(prompt), arrival)
+        served = self.served
+        req = parse_chat_request(await request.read(), served.vocab_size)
+        refusal = served.refuse_model(req.model)
+        if refusal is not None:
+            return refusal
+        chat_format = served.chat_format
+        rendered = chat_format.render(req.messages, req.tools, req.tool_choice, req.template_kwargs)
+        params = req.params
+        structured = structured_output(req.response_format, req.tool_choice, req.tools,
+                                       chat_format.constraint_start(rendered))
+        if structured is not None:
+            params = replace(params, structured=structured)
+        tally = ReplyTally(new_completion_id(), params.n, len(rendered.token_ids), arrival)
+        outputs = served.engine.generate(tally.id, rendered.token_ids, params, arrival)  # validates
+        served.metrics.record_request()
+        choices = [_Choice(i, lambda: chat_format.output_parser(rendered), served.tokenizer, params.logprobs)
+                   for i in range(params.n)]
         async with aclosing(outputs):
+            keyed = ((out.index, out, 0) async for out in outputs)
             if req.stream:
-                return await self._stream(request, req, outputs, reply)
-            return await self._complete(req, outputs, reply)
-
-    async def _complete(self, req: ChatRequest, outputs, reply: "_Reply") -> web.Response:
-        try:
-            async for out in outputs:
-                reply.add(out, self.tokenizer, req.top_logprobs)
-        except EngineFailure as exc:
-            return json_response(error_body(str(exc), type_="server_error"), status=500)
-        if reply.finish_reason == "error":
-            return json_response(error_body("internal error while generating", type_="server_error"), status=500)
-        self._record(reply)
-        return json_response(completion_response(
-            reply.id, reply.model, reply.created, "".join(reply.texts), reply.finish_reason,
-            reply.prompt_tokens, reply.completion_tokens, reply.logprobs if req.top_logprobs is not None else None))
-
-    async def _stream(self, request: web.Request, req: ChatRequest, outputs, reply: "_Reply") -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        await response.write(sse(chunk(reply.id, reply.model, reply.created, {"role": "assistant"})))
-        try:
-            async for out in outputs:
-                logprobs = reply.add(out, self.tokenizer, req.top_logprobs)
-                if out.new_text or logprobs:
-                    await response.write(sse(chunk(reply.id, reply.model, reply.created, {"content": out.new_text},
-                                                   logprobs=logprobs)))
-                if out.finished and out.finish_reason == "error":
-                    raise EngineFailure("internal error while generating")
-                if out.finished:
-                    await response.write(sse(chunk(reply.id, reply.model, reply.created, {}, out.finish_reason,
-                                                   usage_block=usage(reply.prompt_tokens, reply.completion_tokens))))
-        except EngineFailure as exc:
-            await response.write(sse(error_body(str(exc), type_="server_error")))
-        else:
-            self._record(reply)
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-    def _record(self, reply: "_Reply") -> None:
-        ttft = None if reply.first_token_at is None else reply.first_token_at - reply.arrival
-        decode = 0.0 if reply.first_token_at is None else reply.last_token_at - reply.first_token_at
-        self.metrics.record_latency(ttft, decode, reply.completion_tokens)
+                return await answer_stream(
+                    served, request, keyed, tally, choices, req.include_usage,
+                    lambda bodies, usage: chat_chunk(tally.id, served.name, tally.created, bodies, usage),
+                    opening=[delta_choice(c.index, {"role": "assistant"}) for c in choices])
+            return await answer_json(served, keyed, tally, choices, lambda bodies, usage: chat_completion(
+                tally.id, served.name, tally.created, bodies, usage))
 
 
+class _Choice:
+    """One choice of a chat reply: its text so far, logprobs, and its streaming parser."""
 
-class _Reply:
-    """What one request has produced so far."""
+    def __init__(self, index: int, new_parser: Callable[[], ChatOutputParser], tokenizer: Tokenizer,
+                 top_logprobs: int | None) -> None:
+        self.index = index
+        self._new_parser = new_parser
+        self._stream_parser: ChatOutputParser | None = None
+        self._tokenizer = tokenizer
+        self._top_logprobs = top_logprobs
+        self._texts: list[str] = []
+        self._logprobs: list[dict[str, Any]] = []
+        self._engine_reason = "stop"
+        self._calls_streamed = 0
 
-    def __init__(self, request_id: str, model: str, prompt_tokens: int, arrival: float) -> None:
-        self.id = request_id
-        self.model = model
-        self.created = now()
-        self.prompt_tokens = prompt_tokens
-        self.arrival = arrival
-        self.texts: list[str] = []
-        self.completion_tokens = 0
-        self.finish_reason = "stop"
-        self.logprobs: list[dict[str, Any]] = []
-        self.first_token_at: float | None = None
-        self.last_token_at = 0.0
-
-    def add(self, out, tokenizer: Tokenizer, top_logprobs: int | None) -> list[dict[str, Any]] | None:
-        t = time.monotonic()
-        if self.first_token_at is None:
-            self.first_token_at = t
-        self.last_token_at = t
-        self.texts.append(out.new_text)
-        self.completion_tokens += len(out.new_token_ids)
+    def record(self, out: RequestOutput) -> list[dict[str, Any]] | None:
+        """Takes an output; returns its tokens' logprob entries (None when none were asked for)."""
+        self._texts.append(out.new_text)
         if out.finished:
-            self.finish_reason = out.finish_reason
-        if top_logprobs is None:
+            self._engine_reason = out.finish_reason or "stop"
+        if self._top_logprobs is None:
             return None
-        entries = [_logprob_entry(tokenizer, tok, lp or {}, top_logprobs)
+        entries = [chat_logprob_entry(self._tokenizer, tok, lp or {}, self._top_logprobs)
                    for tok, lp in zip(out.new_token_ids, out.new_logprobs)]
-        self.logprobs.extend(entries)
+        self._logprobs.extend(entries)
         return entries
 
+    def json_choice(self) -> dict[str, Any]:
+        message = self._new_parser().parse("".join(self._texts))
+        return chat_choice(self.index, message.as_openai(), self._reason(bool(message.tool_calls)),
+                           self._logprobs if self._top_logprobs is not None else None)
 
-def _token_info(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict[str, Any]:
-    raw = tokenizer.token_bytes(token_id)
-    return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+    def stream(self, out: RequestOutput) -> dict[str, Any] | None:
+        """The chunk choice this output makes: its delta (reasoning, content, whole tool calls)
+        and its logprobs; None when it makes neither."""
+        logprobs = self.record(out)
+        if self._stream_parser is None:
+            self._stream_parser = self._new_parser()
+        found = self._stream_parser.feed(out.new_text)
+        if out.finished:
+            found = found + self._stream_parser.finish()
+        delta = self._delta(found)
+        return delta_choice(self.index, delta, logprobs=logprobs) if delta or logprobs else None
 
+    def finish_chunk(self) -> dict[str, Any]:
+        return delta_choice(self.index, {}, self._reason(self._calls_streamed > 0))
 
-def _logprob_entry(tokenizer: Tokenizer, token_id: int, logprobs: dict[int, float], k: int) -> dict[str, Any]:
-    entry = _token_info(tokenizer, token_id, logprobs.get(token_id, float("-inf")))
-    top = sorted(logprobs.items(), key=lambda kv: -kv[1])[:k]
-    entry["top_logprobs"] = [_token_info(tokenizer, t, lp) for t, lp in top]
-    return entry
+    def _delta(self, found: MessageDelta) -> dict[str, Any]:
+        delta: dict[str, Any] = {}
+        if found.reasoning:
+            delta["reasoning_content"] = found.reasoning
+        if found.content:
+            delta["content"] = found.content
+        if found.tool_calls:
+            delta["tool_calls"] = [{"index": self._calls_streamed + k, **call.as_openai()}
+                                   for k, call in enumerate(found.tool_calls)]
+            self._calls_streamed += len(found.tool_calls)
+        return delta
+
+    def _reason(self, called_tools: bool) -> str:
+        return "tool_calls" if called_tools and self._engine_reason == "stop" else self._engine_reason

@@ -1,28 +1,38 @@
-"""The OpenAI Chat Completions request schema: parse and validate a request body.
+"""The request schema of every endpoint: parse and validate a body into one frozen request.
 
-Validation is strict about types (a bool is not a number) and lenient about unknown fields, as
-OpenAI clients send extras. Every rejection is an InvalidRequest naming the parameter.
+The pieces live beside this file (messages, tools, structured output, sampling fields, typed
+field readers); here each endpoint's body is put together from them. Every rejection is an
+InvalidRequest naming the field (HTTP 400).
 """
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.sampling_params import SamplingParams
 from ..errors import InvalidRequest
+from .fields import boolean, integer, mapping, parse_json_object, string, token_ids
+from .messages import parse_messages
+from .sampling_fields import parse_sampling
+from .structured import ResponseFormat, parse_response_format
+from .tools import Tool, ToolChoice, parse_tool_choice, parse_tools
 
-ROLES = ("system", "user", "assistant", "developer", "tool")
-DEFAULT_MAX_TOKENS = 256
+DEFAULT_MAX_TOKENS = 256  # chat completions (SPEC §4)
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # legacy completions, as OpenAI
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 
 
 @dataclass(frozen=True)
 class ChatRequest:
-    messages: list[dict[str, str]]
-    params: SamplingParams
+    messages: list[dict[str, Any]]
+    params: SamplingParams  # without ``structured``: that needs the rendered prompt
     stream: bool
     model: str | None
+    include_usage: bool = False
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice = ToolChoice()
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    response_format: ResponseFormat | None = None
 
     @property
     def top_logprobs(self) -> int | None:
@@ -30,107 +40,124 @@ class ChatRequest:
         return self.params.logprobs
 
 
-def _number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidRequest(f"'{name}' must be a finite number", param=name)
-    if value < low or value > high or (low_open and value == low):
-        bracket = "(" if low_open else "["
-        raise InvalidRequest(f"'{name}' must be in {bracket}{low}, {high}], got {value}", param=name)
-    return float(value)
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompts: list[str | list[int]]
+    params: SamplingParams
+    stream: bool
+    model: str | None
+    include_usage: bool = False
 
 
-def _integer(body: dict, name: str, default: int | None, low: int, high: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"'{name}' must be an integer", param=name)
-    if value < low or (high is not None and value > high):
-        limit = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise InvalidRequest(f"'{name}' must be {limit}, got {value}", param=name)
-    return value
+@dataclass(frozen=True)
+class TokenizeRequest:
+    prompt: str | None  # either a prompt ...
+    messages: list[dict[str, Any]] | None  # ... or a conversation for the chat template
+    model: str | None
+    add_special_tokens: bool
+    add_generation_prompt: bool = True
+    tools: tuple[Tool, ...] = ()
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    return_token_strs: bool = False
 
 
-def _messages(body: dict) -> list[dict[str, str]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("'messages' must be a non-empty array", param="messages")
-    out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise InvalidRequest(f"messages[{i}] must be an object", param="messages")
-        role = message.get("role")
-        if role not in ROLES:
-            raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}", param="messages")
-        out.append({"role": role, "content": _content(message.get("content"), i)})
-    return out
+@dataclass(frozen=True)
+class DetokenizeRequest:
+    tokens: list[int]
+    model: str | None
 
 
-def _content(content: Any, i: int) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise InvalidRequest(f"messages[{i}].content: only text parts are supported", param="messages")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise InvalidRequest(f"messages[{i}].content must be a string or an array of text parts", param="messages")
-
-
-def _stop(body: dict) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 16:
-        raise InvalidRequest("'stop' must be a non-empty string or an array of up to 16 of them", param="stop")
-    return tuple(stops)
-
-
-def parse_chat_request(raw: bytes) -> ChatRequest:
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"request body is not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    messages = _messages(body)
-    n = _integer(body, "n", 1, 1)
-    if n != 1:
-        raise InvalidRequest("only n=1 is supported", param="n")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
-            raise InvalidRequest(f"'{name}' is not supported (only 0)", param=name)
-    max_tokens = _integer(body, "max_completion_tokens", None, 1)
+def parse_chat_request(raw: bytes, vocab_size: int) -> ChatRequest:
+    body = parse_json_object(raw)
+    messages = parse_messages(body.get("messages"))
+    max_tokens = integer(body, "max_completion_tokens", None, 1)
     if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", DEFAULT_MAX_TOKENS, 1)
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InvalidRequest("'stream' must be a boolean", param="stream")
-    logprobs = body.get("logprobs", False)
-    if not isinstance(logprobs, bool):
-        raise InvalidRequest("'logprobs' must be a boolean", param="logprobs")
-    top_logprobs = _integer(body, "top_logprobs", None, 0, 20)
+        max_tokens = integer(body, "max_tokens", DEFAULT_MAX_TOKENS, 1)
+    logprobs = boolean(body, "logprobs", False)
+    top_logprobs = integer(body, "top_logprobs", None, 0, 20)
     if top_logprobs is not None and not logprobs:
         raise InvalidRequest("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise InvalidRequest("'model' must be a string", param="model")
-    try:
-        params = SamplingParams(
-            temperature=_number(body, "temperature", 0.0, 0.0, 2.0),
-            top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
-            top_k=_integer(body, "top_k", 0, 0),
-            seed=_integer(body, "seed", None, -(2**63), 2**63 - 1),
-            stop=_stop(body),
-            max_tokens=max_tokens,
-            logprobs=(top_logprobs or 0) if logprobs else None,
-        )
-    except ValueError as exc:
-        raise InvalidRequest(str(exc)) from None
-    return ChatRequest(messages, params, stream, model)
+    params = parse_sampling(body, vocab_size=vocab_size, max_tokens=max_tokens,
+                            logprobs=(top_logprobs or 0) if logprobs else None)
+    tools = parse_tools(body.get("tools"))
+    stream = boolean(body, "stream", False)
+    return ChatRequest(
+        messages, params, stream, _model(body), _include_usage(body, stream), tools,
+        parse_tool_choice(body.get("tool_choice"), tools), template_kwargs(body),
+        parse_response_format(body.get("response_format")))
+
+
+def parse_completion_request(raw: bytes, vocab_size: int) -> CompletionRequest:
+    body = parse_json_object(raw)
+    prompts = _prompts(body.get("prompt"), vocab_size)
+    for name, refusal in (("echo", "is not supported"), ("suffix", "is not supported")):
+        if body.get(name) not in (None, False, ""):
+            raise InvalidRequest(f"'{name}' {refusal}", param=name)
+    logprobs = integer(body, "logprobs", None, 0, 20)
+    params = parse_sampling(body, vocab_size=vocab_size, logprobs=logprobs,
+                            max_tokens=integer(body, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS, 1))
+    best_of = integer(body, "best_of", None, 1)
+    if best_of is not None and best_of != params.n:
+        raise InvalidRequest("'best_of' other than n is not supported", param="best_of")
+    stream = boolean(body, "stream", False)
+    return CompletionRequest(prompts, params, stream, _model(body), _include_usage(body, stream))
+
+
+def parse_tokenize_request(raw: bytes) -> TokenizeRequest:
+    body = parse_json_object(raw)
+    model = _model(body)
+    if ("prompt" in body) == ("messages" in body):
+        raise InvalidRequest("give either 'prompt' or 'messages'", param="prompt")
+    if "prompt" in body:
+        return TokenizeRequest(string(body, "prompt", required=True), None, model,
+                               boolean(body, "add_special_tokens", True),
+                               return_token_strs=boolean(body, "return_token_strs", False))
+    return TokenizeRequest(None, parse_messages(body["messages"]), model, boolean(body, "add_special_tokens", False),
+                           boolean(body, "add_generation_prompt", True), parse_tools(body.get("tools")),
+                           template_kwargs(body), boolean(body, "return_token_strs", False))
+
+
+def parse_detokenize_request(raw: bytes, vocab_size: int) -> DetokenizeRequest:
+    body = parse_json_object(raw)
+    return DetokenizeRequest(token_ids(body.get("tokens"), "tokens", vocab_size, allow_empty=True), _model(body))
+
+
+def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """``chat_template_kwargs``, with ``reasoning_effort: "none"`` meaning enable_thinking false
+    (an explicit enable_thinking in chat_template_kwargs wins)."""
+    kwargs = dict(mapping(body, "chat_template_kwargs") or {})
+    effort = string(body, "reasoning_effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise InvalidRequest(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}",
+                             param="reasoning_effort")
+    if effort == "none":
+        kwargs.setdefault("enable_thinking", False)
+    return kwargs
+
+
+def _model(body: dict[str, Any]) -> str | None:
+    return string(body, "model")
+
+
+def _include_usage(body: dict[str, Any], stream: bool) -> bool:
+    options = mapping(body, "stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise InvalidRequest("'stream_options' is only allowed with 'stream': true", param="stream_options")
+    return boolean(options, "include_usage", False, "stream_options")
+
+
+def _prompts(prompt: Any, vocab_size: int) -> list[str | list[int]]:
+    """A string, an array of strings, an array of token ids, or an array of those arrays."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(isinstance(p, list) for p in prompt):
+            return [token_ids(p, f"prompt[{i}]", vocab_size) for i, p in enumerate(prompt)]
+        if not any(isinstance(p, (str, list)) for p in prompt):
+            return [token_ids(prompt, "prompt", vocab_size)]
+    raise InvalidRequest("'prompt' must be a string, an array of strings, an array of token ids or an array "
+                         "of token-id arrays", param="prompt")

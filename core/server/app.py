@@ -16,7 +16,11 @@ from ..engine.async_engine import AsyncEngine
 from ..errors import InvalidRequest
 from ..models.tokenizer import Tokenizer
 from ..openai.chat import ChatCompletions
+from ..openai.chat_format import ChatFormat
+from ..openai.completions import Completions
 from ..openai.responses import error_body, json_response
+from ..openai.serving import ServedModel
+from ..openai.tokenization import Tokenization
 from .metrics import ServerMetrics
 
 log = logging.getLogger("qwen_serve.http")
@@ -59,20 +63,27 @@ async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
 
 
 class ChatServer:
-    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, info: ServerInfo) -> None:
+    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, info: ServerInfo,
+                 chat_format: ChatFormat | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.info = info
         self.metrics = ServerMetrics(engine)
+        self.chat_format = chat_format or ChatFormat(tokenizer)
 
     def make_app(self) -> web.Application:
         app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
-        chat = ChatCompletions(self.engine, self.tokenizer, self.info.model, self.info.serves, self.metrics)
+        served = ServedModel(self.engine, self.tokenizer, self.chat_format, self.info.model, self.info.serves,
+                             self.metrics)
+        tokenization = Tokenization(served)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics_endpoint)
         app.router.add_get("/metrics/prometheus", self.metrics_prometheus)
-        app.router.add_post("/v1/chat/completions", chat.handle)
+        app.router.add_post("/v1/chat/completions", ChatCompletions(served).handle)
+        app.router.add_post("/v1/completions", Completions(served).handle)
+        app.router.add_post("/tokenize", tokenization.tokenize)
+        app.router.add_post("/detokenize", tokenization.detokenize)
         return app
 
     # --- simple endpoints ---------------------------------------------------------------

@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="seeds the per-request seeds of unseeded requests")
     p.add_argument("--no-prefix-cache", action="store_true")
     p.add_argument("--served-model-name", default=None, help="model name the API reports and accepts")
+    p.add_argument("--reasoning-parser", default=None,
+                   help="how replies separate reasoning: qwen3 | none (default: qwen3 if the chat template writes <think>)")
+    p.add_argument("--tool-call-parser", default=None, help="how replies' tool calls are read: hermes | qwen3 | none "
+                   "(default: hermes)")
     p.add_argument("--prompt", default=None, help="answer one chat message and exit instead of serving")
     p.add_argument("--max-tokens", type=int, default=256, help="with --prompt: tokens to generate at most")
     return p
@@ -66,13 +70,16 @@ def run(args: argparse.Namespace) -> int:
     from ..engine.builder import build_engine
     from ..engine.sampling_params import SamplingParams
     from ..models.memory_plan import format_memory_plan
+    from ..openai.chat_format import ChatFormat, check_parser_names
 
+    check_parser_names(args.reasoning_parser, args.tool_call_parser)  # a typo fails before the model loads
     parts = build_engine(args.model, args.backend, args.kv_cache, args.dtype, args.quant, **engine_options(args))
     print(format_memory_plan(parts, args.dtype, args.quant), file=sys.stderr)
     if args.prompt is None:
         from .serve import serve
 
-        serve(parts, args.host, args.port, args.quant, args.served_model_name, args.model)
+        chat_format = ChatFormat(parts.tokenizer, args.reasoning_parser, args.tool_call_parser)
+        serve(parts, args.host, args.port, args.quant, args.served_model_name, args.model, chat_format)
         return 0
     ids = parts.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
     seq = parts.engine.add_request("cli", ids, SamplingParams(max_tokens=args.max_tokens))

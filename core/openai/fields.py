@@ -1,0 +1,104 @@
+"""Typed readers for the fields of a JSON request body.
+
+Strict about types (a bool is not a number, a float is not an integer) and silent about fields
+nobody asked for, as OpenAI clients send extras. Every rejection is an InvalidRequest whose
+``param`` is the field's path, e.g. ``response_format.json_schema.name``.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from ..errors import InvalidRequest
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON ({exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    return body
+
+
+def path(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+def number(body: dict, name: str, default: float, low: float, high: float, *, low_open: bool = False,
+           where: str = "") -> float:
+    """A finite number in [low, high] (or (low, high] with low_open); high may be math.inf."""
+    field = path(where, name)
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequest(f"'{field}' must be a finite number", param=field)
+    if value < low or value > high or (low_open and value == low):
+        if math.isinf(high):
+            limit = f"{'>' if low_open else '>='} {low}"
+        else:
+            limit = f"in {'(' if low_open else '['}{low}, {high}]"
+        raise InvalidRequest(f"'{field}' must be {limit}, got {value}", param=field)
+    return float(value)
+
+
+def integer(body: dict, name: str, default: int | None, low: int, high: int | None = None,
+            where: str = "") -> int | None:
+    field = path(where, name)
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"'{field}' must be an integer", param=field)
+    if value < low or (high is not None and value > high):
+        limit = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InvalidRequest(f"'{field}' must be {limit}, got {value}", param=field)
+    return value
+
+
+def boolean(body: dict, name: str, default: bool, where: str = "") -> bool:
+    field = path(where, name)
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"'{field}' must be a boolean", param=field)
+    return value
+
+
+def string(body: dict, name: str, where: str = "", *, required: bool = False) -> str | None:
+    return _typed(body, name, where, required, str, "a string")
+
+
+def mapping(body: dict, name: str, where: str = "", *, required: bool = False) -> dict[str, Any] | None:
+    return _typed(body, name, where, required, dict, "an object")
+
+
+def _typed(body: dict, name: str, where: str, required: bool, kind: type, noun: str) -> Any:
+    field = path(where, name)
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise InvalidRequest(f"'{field}' is required", param=field)
+        return None
+    if not isinstance(value, kind):
+        raise InvalidRequest(f"'{field}' must be {noun}", param=field)
+    return value
+
+
+def token_id(value: Any, field: str, vocab_size: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+        raise InvalidRequest(f"'{field}' must hold token ids in [0, {vocab_size}), got {value!r}", param=field)
+    return value
+
+
+def token_ids(value: Any, field: str, vocab_size: int, *, allow_empty: bool = False) -> list[int]:
+    if not isinstance(value, list) or (not value and not allow_empty):
+        kind = "an array" if allow_empty else "a non-empty array"
+        raise InvalidRequest(f"'{field}' must be {kind} of token ids", param=field)
+    return [token_id(t, field, vocab_size) for t in value]

@@ -1,0 +1,151 @@
+"""What every endpoint handler is given (the served model and its parts), and what the
+generating endpoints share: the bookkeeping of a reply (tokens, timings, which choices have
+finished) and the two ways to answer, JSON or SSE, over choices each endpoint shapes its own way.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Protocol, Sequence
+
+from aiohttp import web
+
+from ..engine.async_engine import AsyncEngine, EngineFailure
+from ..engine.engine import RequestOutput
+from ..models.tokenizer import Tokenizer
+from .chat_format import ChatFormat
+from .responses import error_body, json_response, model_not_found, now, usage
+from .streaming import close_event_stream, open_event_stream, sse
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    engine: AsyncEngine
+    tokenizer: Tokenizer
+    chat_format: ChatFormat
+    name: str
+    serves: Callable[[str], bool]
+    metrics: Any  # qwen_serve.server.metrics.ServerMetrics
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.engine.model_config.vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.engine.engine.max_seq_len
+
+    def refuse_model(self, requested: str | None) -> web.Response | None:
+        """A 404 when the request names a model this server does not serve."""
+        if requested is None or self.serves(requested):
+            return None
+        return model_not_found(requested, self.name)
+
+    def record_finished(self, tally: "ReplyTally") -> None:
+        ttft = None if tally.first_token_at is None else tally.first_token_at - tally.arrival
+        decode = 0.0 if tally.first_token_at is None else tally.last_token_at - tally.first_token_at
+        self.metrics.record_latency(ttft, decode, tally.completion_tokens)
+
+
+class ReplyTally:
+    """One reply, over all its choices (and, for legacy completions, all its prompts)."""
+
+    def __init__(self, reply_id: str, num_choices: int, prompt_tokens: int, arrival: float) -> None:
+        self.id = reply_id
+        self.created = now()
+        self.num_choices = num_choices
+        self.prompt_tokens = prompt_tokens
+        self.arrival = arrival
+        self.completion_tokens = 0
+        self.first_token_at: float | None = None
+        self.last_token_at = 0.0
+        self.finish_reasons: dict[int, str] = {}  # choice index -> the engine's reason
+        self._cached_tokens: dict[int, int] = {}  # engine request -> prompt tokens from the prefix cache
+
+    def record(self, out: RequestOutput, choice: int, request: int = 0) -> None:
+        t = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = t
+        self.last_token_at = t
+        self.completion_tokens += len(out.new_token_ids)
+        self._cached_tokens[request] = max(self._cached_tokens.get(request, 0), out.num_cached_tokens)
+        if out.finished:
+            self.finish_reasons[choice] = out.finish_reason or "stop"
+
+    @property
+    def done(self) -> bool:
+        return len(self.finish_reasons) == self.num_choices
+
+    @property
+    def failed(self) -> bool:
+        return "error" in self.finish_reasons.values()
+
+    def usage(self) -> dict[str, Any]:
+        return usage(self.prompt_tokens, self.completion_tokens, sum(self._cached_tokens.values()))
+
+
+class StreamedChoice(Protocol):
+    """One choice of a reply, as the chat and the legacy completions handlers keep it."""
+
+    index: int
+
+    def record(self, out: RequestOutput) -> None:
+        """Take an output (a reply answered as JSON)."""
+
+    def stream(self, out: RequestOutput) -> dict[str, Any] | None:
+        """Take an output; the chunk choice it makes, if any (a reply answered as SSE)."""
+
+    def finish_chunk(self) -> dict[str, Any]:
+        """The chunk choice that carries this choice's finish_reason."""
+
+    def json_choice(self) -> dict[str, Any]: ...
+
+
+# (choice index, output, engine request number) as outputs arrive
+Outputs = AsyncIterator[tuple[int, RequestOutput, int]]
+
+
+async def answer_json(served: ServedModel, outputs: Outputs, tally: ReplyTally, choices: Sequence[StreamedChoice],
+                      body: Callable[[list[dict[str, Any]], dict[str, Any]], dict[str, Any]]) -> web.Response:
+    """Collect every choice, then answer ``body(choices, usage)`` (a 500 if the engine failed)."""
+    try:
+        async for index, out, request in outputs:
+            tally.record(out, index, request)
+            choices[index].record(out)
+    except EngineFailure as exc:
+        return json_response(error_body(str(exc), type_="server_error"), status=500)
+    if tally.failed:
+        return json_response(error_body("internal error while generating", type_="server_error"), status=500)
+    served.record_finished(tally)
+    return json_response(body([c.json_choice() for c in choices], tally.usage()))
+
+
+async def answer_stream(served: ServedModel, request: web.Request, outputs: Outputs, tally: ReplyTally,
+                        choices: Sequence[StreamedChoice], include_usage: bool,
+                        chunk: Callable[[list[dict[str, Any]], dict[str, Any] | None], dict[str, Any]],
+                        opening: Sequence[dict[str, Any]] = ()) -> web.StreamResponse:
+    """SSE: the opening chunk choices, then each output's chunk, each choice's finish chunk, and
+    the usage once: on the last finish chunk, or (include_usage) on one more chunk without choices."""
+    response = await open_event_stream(request)
+    for choice_body in opening:
+        await response.write(sse(chunk([choice_body], None)))
+    try:
+        async for index, out, request_number in outputs:
+            tally.record(out, index, request_number)
+            choice = choices[index]
+            choice_body = choice.stream(out)
+            if choice_body is not None:
+                await response.write(sse(chunk([choice_body], None)))
+            if out.finished:
+                if out.finish_reason == "error":
+                    raise EngineFailure("internal error while generating")
+                last = tally.done and not include_usage
+                await response.write(sse(chunk([choice.finish_chunk()], tally.usage() if last else None)))
+        if include_usage:
+            await response.write(sse(chunk([], tally.usage())))
+    except EngineFailure as exc:
+        await response.write(sse(error_body(str(exc), type_="server_error")))
+    else:
+        served.record_finished(tally)
+    await close_event_stream(response)
+    return response

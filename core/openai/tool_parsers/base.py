@@ -1,0 +1,46 @@
+"""What every tool-call parser shares: the call, the delta shape and the parser's interface.
+
+Like the reasoning parsers, a tool parser is a per-choice state machine over the content text:
+``feed`` returns what became final, ``finish`` flushes, ``extract`` runs a fresh machine over a
+whole text, so streamed and whole-text results agree however the text was split.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # a JSON object as text, as OpenAI sends it
+
+    @classmethod
+    def new(cls, name: str, arguments: str) -> "ToolCall":
+        return cls(f"call_{uuid.uuid4().hex[:24]}", name, arguments)
+
+    def as_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class ToolDelta:
+    content: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+
+    def __add__(self, other: "ToolDelta") -> "ToolDelta":
+        return ToolDelta(self.content + other.content, self.calls + other.calls)
+
+
+@runtime_checkable
+class ToolParser(Protocol):
+    name: ClassVar[str]
+
+    def feed(self, text: str) -> ToolDelta: ...
+
+    def finish(self) -> ToolDelta: ...
+
+    def extract(self, text: str) -> ToolDelta:
+        """The whole content at once (call on a fresh parser)."""

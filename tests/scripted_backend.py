@@ -1,0 +1,64 @@
+"""A test backend plugin: the real torch backend (real checkpoint, forward passes, KV cache),
+whose sampler writes a given script instead of sampling, so a reply's exact tokens are known.
+
+Register it with ``QWEN_SERVE_PLUGIN_MODULES=scripted_backend`` (with tests/ on PYTHONPATH) and
+choose it with ``--backend scripted``. ``QWEN_SERVE_SCRIPTS`` names a JSON file holding a list
+of token-id lists; a request with seed k is answered with script k, token by token. A script
+should end with an end-of-sequence token; past its end the last token repeats.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+from qwen_serve.hookspecs import hookimpl
+from qwen_serve.protocols import SampleResult
+
+SCRIPTS_ENV = "QWEN_SERVE_SCRIPTS"
+
+
+class ScriptCursor:
+    """One request's place in its script (the sampler's per-request 'generator')."""
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.tokens = list(tokens)
+        self.position = 0
+
+    def next_token(self) -> int:
+        token = self.tokens[min(self.position, len(self.tokens) - 1)]
+        self.position += 1
+        return token
+
+
+class ScriptedSampler:
+    def __init__(self, scripts: Sequence[Sequence[int]]) -> None:
+        self.scripts = [list(s) for s in scripts]
+
+    def make_generator(self, seed: int) -> ScriptCursor:
+        if not 0 <= seed < len(self.scripts):
+            raise ValueError(f"no script {seed}: {len(self.scripts)} scripts (the seed chooses one)")
+        return ScriptCursor(self.scripts[seed])
+
+    def sample(self, logits: Any, params: Sequence[Any], generators: Sequence[ScriptCursor]) -> SampleResult:
+        return SampleResult([g.next_token() for g in generators], [None] * len(generators))
+
+
+def _load():
+    from qwen_serve.backends.torch_cpu.backend import TorchBackend
+
+    with open(os.environ[SCRIPTS_ENV], encoding="utf-8") as f:
+        scripts = json.load(f)
+
+    class ScriptedBackend(TorchBackend):
+        name = "scripted"
+
+        def create_sampler(self) -> ScriptedSampler:
+            return ScriptedSampler(scripts)
+
+    return ScriptedBackend()
+
+
+@hookimpl
+def register_backends(register):
+    register("scripted", _load, requires=("torch",))

@@ -101,6 +101,8 @@ def test_env_var_restricts_entry_point_plugins():
     (["--backend", "cuda"], "unknown backend 'cuda'"),
     (["--kv-cache", "ring"], "unknown KV cache 'ring'"),
     (["--model", "/no/such/model"], "no such file"),
+    (["--reasoning-parser", "deepseek"], "unknown reasoning parser 'deepseek'; choose one of qwen3, none"),
+    (["--tool-call-parser", "mistral"], "unknown tool-call parser 'mistral'"),
     (["--model", "Qwen/Qwen3-0.6B"], "downloading it from the Hugging Face hub failed"),  # offline here
 ])
 def test_cli_errors_are_one_line_with_exit_code_2(flags, needle):

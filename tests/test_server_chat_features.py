@@ -160,3 +160,19 @@ def test_repeated_long_prompt_reports_cached_tokens(ask, scripts):
     # every full 16-token block but the one holding the last prompt token comes from the cache
     assert second.usage.prompt_tokens_details.cached_tokens == (prompt_tokens - 1) // 16 * 16
     assert second.choices[0].message.content == PLAIN[0]
+
+
+@pytest.mark.parametrize("fields", [{"chat_template_kwargs": {"enable_thinking": False}}, {"reasoning_effort": "none"}],
+                         ids=["enable_thinking false", "reasoning_effort none"])
+def test_tokenize_renders_the_template_as_chat_does(server, qwen3_tiny, ask, scripts, fields):
+    tokenizer = tokenizers.Tokenizer.from_file(str(qwen3_tiny / "tokenizer.json"))
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    status, _, raw = server.request("POST", "/tokenize", {"messages": messages, "tools": TOOLS, **fields})
+    assert status == 200, raw
+    tokens = json.loads(raw)["tokens"]
+    closed = tokenizer.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n", add_special_tokens=False).ids
+    assert tokens[-len(closed):] == closed
+    assert "<tools>" in tokenizer.decode(tokens, skip_special_tokens=False)
+    extra = {"extra_body": fields} if "chat_template_kwargs" in fields else fields
+    reply = ask(scripts["plain"], messages, tools=TOOLS, **extra)
+    assert reply.usage.prompt_tokens == len(tokens)

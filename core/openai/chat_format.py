@@ -79,7 +79,10 @@ class ChatFormat:
     def _think_state(self, messages: list[dict[str, Any]], text: str, context: dict[str, Any]) -> ThinkState:
         if self.reasoning_parser.end_tag is None:
             return ThinkState.NONE
-        history = self.tokenizer.render_chat(messages, False, **context)
+        try:
+            history = self.tokenizer.render_chat(messages, False, **context)
+        except Exception:  # a template that insists on a generation prompt: read the whole prompt
+            history = ""
         generation_prompt = text[len(history):] if text.startswith(history) else text
         return self.reasoning_parser.prompt_state(generation_prompt)
 

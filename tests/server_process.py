@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
+import openai
 import pytest
 
 from qwen_serve.conformance.server_process import ServerProcess
@@ -44,6 +45,11 @@ def own_server(args: Sequence[str], env: Mapping[str, str] | None = None):
         yield server
     finally:
         server.stop()
+
+
+def openai_client(server: ServerProcess) -> openai.OpenAI:
+    """The real `openai` client on a test server (use it in a with block)."""
+    return openai.OpenAI(base_url=server.base_url, api_key="not-needed", max_retries=0, timeout=120)
 
 
 class StreamCollector:

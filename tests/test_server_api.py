@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
-from server_process import StreamCollector, parse_sse, smollm2_model_name, smollm2_server  # noqa: F401 (fixtures)
+from server_process import StreamCollector, openai_client, parse_sse, smollm2_model_name, smollm2_server  # noqa: F401 (fixtures)
 
 from qwen_serve import LLM, SamplingParams
 
@@ -18,7 +17,7 @@ PARIS = [{"role": "user", "content": "Describe the city of Paris in three senten
 
 @pytest.fixture(scope="module")
 def client(smollm2_server):
-    with openai.OpenAI(base_url=smollm2_server.base_url, api_key="not-needed", max_retries=0, timeout=120) as c:
+    with openai_client(smollm2_server) as c:
         yield c
 
 

@@ -12,11 +12,10 @@ import json
 import uuid
 from pathlib import Path
 
-import openai
 import pytest
 import tokenizers
 from chat_stream import JoinedStream, reply_message
-from server_process import own_server
+from server_process import openai_client, own_server
 
 from qwen_serve.conformance.models import IM_END
 
@@ -98,7 +97,7 @@ def server(qwen3_tiny, scripts):
 
 @pytest.fixture(scope="module")
 def client(server):
-    with openai.OpenAI(base_url=server.base_url, api_key="not-needed", max_retries=0, timeout=120) as c:
+    with openai_client(server) as c:
         yield c
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 from chat_stream import JoinedStream
-from server_process import smollm2_model_name, smollm2_server  # noqa: F401 (fixtures)
+from server_process import openai_client, smollm2_model_name, smollm2_server  # noqa: F401 (fixtures)
 
 from qwen_serve import LLM, SamplingParams
 
@@ -17,7 +16,7 @@ MAX_TOKENS = 12
 
 @pytest.fixture(scope="module")
 def client(smollm2_server):
-    with openai.OpenAI(base_url=smollm2_server.base_url, api_key="not-needed", max_retries=0, timeout=120) as c:
+    with openai_client(smollm2_server) as c:
         yield c
 
 

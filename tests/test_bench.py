@@ -133,7 +133,8 @@ def test_cpu_info_reads_the_first_processor():
 def result(concurrency: int, tok_s: float, prompt: int = 64, output=128, occupancy=None) -> dict:
     p = {"p50": 0.1 * concurrency, "p95": 0.2 * concurrency, "p99": 0.3 * concurrency}
     r = {"prompt_tokens": prompt, "output_tokens": output, "concurrency": concurrency, "output_tok_s": tok_s,
-         "requests_s": tok_s / 128, "input_tok_s": tok_s / 2, "ttft_s": p, "itl_s": p, "failed": 0}
+         "requests_s": tok_s / 128, "input_tok_s": tok_s / 2, "ttft_s": p, "failed": 0,
+         "itl_s": p if output > 1 else {"p50": None, "p95": None, "p99": None}}  # 1 token: no gaps
     if occupancy:
         r["occupancy"] = {"interval_s": 0.05, "samples": occupancy}
     return r

@@ -87,17 +87,22 @@ def plot_latency(document: dict[str, Any], path: Path) -> Path:
             xs = [r["concurrency"] for r in rows]
             for ax, metric in zip(row, ("ttft_s", "itl_s")):
                 for q, style in PERCENTILE_STYLES.items():
-                    ys = [None if r[metric][q] is None else r[metric][q] * 1e3 for r in rows]
-                    ax.plot(xs, ys, style, marker="o", markersize=3, color=colors[i % len(colors)],
-                            label=f"{name} {q}")
+                    points = [(x, r[metric][q] * 1e3) for x, r in zip(xs, rows) if r[metric][q]]
+                    if points:
+                        ax.plot(*zip(*points), style, marker="o", markersize=3, color=colors[i % len(colors)],
+                                label=f"{name} {q}")
         for ax, what in zip(row, ("time to first token (ms)", "inter-token latency (ms)")):
             ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
+            if not ax.lines:  # e.g. inter-token latency of 1-token outputs
+                ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes)
+            else:
+                ax.set_yscale("log")
             ax.set_xlabel("concurrent streams")
             ax.set_ylabel(what)
             ax.set_title(_label(workload), fontsize=10)
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=7, ncol=2)
+            if ax.lines:
+                ax.legend(fontsize=7, ncol=2)
     fig.suptitle(f"Latency percentiles — {_subtitle(document)}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

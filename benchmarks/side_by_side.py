@@ -148,6 +148,13 @@ def _ratio(a, b) -> str:
     return "—" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
 
 
+def _bandwidth(values: list) -> str:
+    values = [v for v in values if v]
+    if not values:
+        return "—"
+    return f"{statistics.median(values):.1f} (median; {min(values):.1f}–{max(values):.1f})"
+
+
 def torch_bandwidth_gb_s() -> float:
     """The issue's method: torch sum of a 512 MiB float32 tensor on every core, best of 7."""
     import torch
@@ -207,8 +214,8 @@ def markdown(doc: dict, torch_gb_s: float) -> str:
         "",
         f"CPU: {cpu['model_name']} (family {cpu['family']} model {cpu['model']}), {cpu['usable_cpus']} usable CPUs; "
         f"flags that pick kernels: {' '.join(cpu['key_flags']) or 'none'}. Memory read bandwidth "
-        f"{statistics.median([b for b in bw if b]) if any(bw) else '—'} GB/s (numpy, measured before each server), "
-        f"{torch_gb_s:.1f} GB/s by the issue's method (torch sum, {os.cpu_count()} threads).",
+        f"{_bandwidth(bw)} GB/s (numpy, measured by `qwen-serve bench` at the start of each server's run, the "
+        f"server up and idle), {torch_gb_s:.1f} GB/s by the issue's method (torch sum, {os.cpu_count()} threads).",
         "",
         "Output tok/s = all output tokens of a repetition / its wall time (prefill included); prefill tok/s = "
         "prompt tokens / wall time with 1 output token.",
@@ -221,7 +228,7 @@ def markdown(doc: dict, torch_gb_s: float) -> str:
     for peer in ("llama-q4_0", "vllm-bf16"):
         lines.append(f"| 512-token prefill, int4 vs {peer} | {_num(prefill('qwen-int4'), 0)} tok/s | "
                      f"{_num(prefill(peer), 0)} tok/s | {_ratio(prefill('qwen-int4'), prefill(peer))} |")
-    lines.append(f"| TTFT of the 512-token prompt, int4 vs vllm-bf16 | {_num(prefill('qwen-int4', 'ttft_s'), 3)} s | "
+    lines.append(f"| TTFT of the 512-token prompt, int4 vs vllm-bf16 (lower is better) | {_num(prefill('qwen-int4', 'ttft_s'), 3)} s | "
                  f"{_num(prefill('vllm-bf16', 'ttft_s'), 3)} s | {_ratio(prefill('qwen-int4', 'ttft_s'), prefill('vllm-bf16', 'ttft_s'))} |")
     lines += ["", "Every server's figures (output tok/s at 1 / 8 / 16 streams; per-stream decode = 1 / median time per "
               "output token at 1 stream; TTFT p50 of the 64-token prompt at 1 stream; resident memory after its run):", "",

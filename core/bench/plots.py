@@ -59,17 +59,28 @@ def plot_throughput(document: dict[str, Any], path: Path) -> Path:
     plt = _pyplot()
     loads = workloads(document)
     fig, axes = plt.subplots(1, len(loads), figsize=(6 * len(loads), 4.5), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, workload in zip(axes[0], loads):
         prefill = workload[1] == 1
         metric = "input_tok_s" if prefill else "output_tok_s"
-        for name, rows in _series(document, workload):
-            ax.plot([r["concurrency"] for r in rows], [r[metric] for r in rows], marker="o", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent streams")
+        series = _series(document, workload)
+        levels = sorted({r["concurrency"] for _, rows in series for r in rows})
+        if len(levels) == 1:  # one level (e.g. prefill at 1 stream): bars read better than dots
+            bars = ax.bar([name for name, _ in series], [rows[0][metric] for _, rows in series],
+                          color=[colors[i % len(colors)] for i in range(len(series))])
+            ax.bar_label(bars, fmt="%.0f", fontsize=8)
+            ax.set_xlabel(f"{levels[0]} concurrent stream{'s' if levels[0] > 1 else ''}")
+            ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+        else:
+            for i, (name, rows) in enumerate(series):
+                ax.plot([r["concurrency"] for r in rows], [r[metric] for r in rows], marker="o", label=name,
+                        color=colors[i % len(colors)])
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrent streams")
+            ax.legend(fontsize=8)
         ax.set_ylabel("prompt tok/s (prefill)" if prefill else "output tok/s")
         ax.set_title(_label(workload), fontsize=10)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
     fig.suptitle(f"Throughput vs concurrency — {_subtitle(document)}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

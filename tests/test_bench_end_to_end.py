@@ -7,14 +7,19 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from server_process import smollm2_server  # noqa: F401 (fixture)
 
 from qwen_serve.conformance.models import smollm2_gguf
 
 
-def test_bench_against_a_real_server(smollm2_server, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("api", ["auto", "chat"])
+def test_bench_against_a_real_server(smollm2_server, tmp_path, api):  # noqa: F811
+    """auto picks /v1/completions with token-id prompts (the server counts them exactly); chat
+    measures the template's own tokens and pads the user message to the same total."""
     out = subprocess.run(
-        [sys.executable, "-m", "qwen_serve", "bench", "--endpoint", f"ours={smollm2_server.url}",
+        [sys.executable, "-m", "qwen_serve", "bench", "--endpoint", f"ours={smollm2_server.url}", "--api", api,
          "--concurrency", "1,2", "--prompt-tokens", "48", "--output-tokens", "6", "--repetitions", "2",
          "--tokenizer", str(smollm2_gguf()), "--sample-metrics", "0.02", "--note", "ours=SmolLM2 float32",
          "--out", str(tmp_path), "--name", "e2e", "--no-progress"],
@@ -23,9 +28,9 @@ def test_bench_against_a_real_server(smollm2_server, tmp_path):  # noqa: F811
     document = json.loads((tmp_path / "e2e.json").read_text())
     assert document["machine"]["cpu"]["flags"] and document["machine"]["memory_bandwidth"]["read_gb_s"] > 0
     (endpoint,) = document["endpoints"]
-    assert endpoint["api"] == "chat"  # today's server has no /v1/completions
+    assert endpoint["api"] == ("completions" if api == "auto" else "chat")
     assert endpoint["identity"]["/health"]["backend"] == "torch" and endpoint["notes"] == "SmolLM2 float32"
-    assert endpoint["chat_template_tokens"] > 0
+    assert (endpoint["chat_template_tokens"] > 0) == (api == "chat")
     assert [r["concurrency"] for r in endpoint["results"]] == [1, 2]
     for r in endpoint["results"]:
         assert r["failed"] == 0 and r["requests"] == 2 * r["concurrency"], r

@@ -7,7 +7,7 @@ result is 16 finished dot products (no horizontal sums); the kernels are in kern
 int4: codes uint8 [blocks, groups, 16 chunks, 16 rows, 2]: byte j of chunk c holds input
 4c + j of its group in the low nibble and input 4c + 2 + j in the high one; scale and zero
 float16 [blocks, groups, 16]. Same bytes as the canonical layout, in another order.
-int8: codes int8 [blocks, K / 2, 16 rows, 2 inputs]; scale float32 [blocks * 16].
+int8 (and bfloat16): codes [blocks, K / 2, 16 rows, 2 inputs]; int8's scale float32 [blocks * 16].
 Rows past N (to fill the last block) are zeros.
 """
 from __future__ import annotations
@@ -60,12 +60,20 @@ def int4_block_rows(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
     torch.addcmul(z.float(), q.float(), s.float(), out=out.view(n * BLOCK, groups, GROUP))
 
 
+def block_pairs(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [blocks, K / 2, 16 rows, 2 inputs], any dtype (the int8 and bf16 kernels)."""
+    cols = weight.shape[1]
+    return _pad_rows(weight).view(-1, BLOCK, cols // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def pair_rows(blocked: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of a block_pairs layout, in its dtype [len(ids), K]."""
+    return blocked[ids // BLOCK, :, ids % BLOCK, :].reshape(len(ids), -1)
+
+
 def block_int8(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    cols = codes.shape[1]
-    blocked = _pad_rows(codes).view(-1, BLOCK, cols // 2, 2).permute(0, 2, 1, 3).contiguous()
-    return blocked, _pad_rows(scale)
+    return block_pairs(codes), _pad_rows(scale)
 
 
 def int8_rows(codes: torch.Tensor, scale: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    picked = codes[ids // BLOCK, :, ids % BLOCK, :]  # [n, K / 2, 2]
-    return picked.reshape(len(ids), -1).float() * scale[ids, None]
+    return pair_rows(codes, ids).float() * scale[ids, None]

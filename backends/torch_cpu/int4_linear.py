@@ -18,12 +18,23 @@ import torch.nn.functional as F
 from qwen_serve.quant.int4 import GROUP, Int4Weight, can_quantize
 
 from . import blocked_layout as blocked
-from .native import Kernels, has_fast_bf16_matmul, load_kernels
+from .native import Kernels, cpu_features, has_fast_bf16_matmul, load_kernels
 
-# Up to this many rows of x go through the bandwidth-bound kernels; more go through dequantized
-# tiles. Measured crossover on the Qwen3-0.6B geometry (2 threads): 16 rows against bf16 tiles,
-# while against float32 tiles the kernels still won at 96 rows and tied at 512.
+# Up to this many rows of x go through the kernels; more go through dequantized tiles. With the
+# AVX2 kernels (measured on Sapphire Rapids, Qwen3-0.6B geometry, 2 threads) the crossover was 16
+# rows against bf16 tiles and past 256 against float32 tiles. The AVX-512 kernels beat bf16 tiles
+# at every size on a Zen 5 without AMX (80 against 133 ms for 4 layers at 512 rows,
+# benchmarks/bench_linears.py), so there they take every call; on AMX CPUs, whose bf16 GEMM is
+# several times faster (unmeasured here), tiles keep the calls past 64 rows.
 KERNEL_ROWS = {torch.bfloat16: 16, torch.float32: 256}
+AVX512_KERNEL_ROWS = {False: 1 << 30, True: 64}  # by whether the CPU has AMX
+
+
+def default_kernel_rows(gemm_dtype: torch.dtype) -> int:
+    kernels = load_kernels()
+    if kernels is not None and kernels.isa == "avx512":
+        return AVX512_KERNEL_ROWS["amx_bf16" in cpu_features()]
+    return KERNEL_ROWS[gemm_dtype]
 SCRATCH_FLOATS = 1 << 22  # 16 MiB of float32: one weight tile, shared by every layer
 ROWS_PER_PASS = 8192  # rows quantized at a time, so a 151936-row embedding needs no full float copy
 
@@ -37,7 +48,7 @@ class Scratch:
                  kernel_rows: int | None = None) -> None:
         self.floats = floats
         self.gemm_dtype = gemm_dtype or (torch.bfloat16 if has_fast_bf16_matmul() else torch.float32)
-        self.kernel_rows = KERNEL_ROWS[self.gemm_dtype] if kernel_rows is None else kernel_rows
+        self.kernel_rows = default_kernel_rows(self.gemm_dtype) if kernel_rows is None else kernel_rows
         self.buffers: dict[torch.dtype, torch.Tensor] = {}
 
     def rows_per_tile(self, in_features: int) -> int:

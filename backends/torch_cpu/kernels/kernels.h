@@ -27,3 +27,8 @@ void paged_decode_avx512(const float* q, int64_t B, int64_t H, int64_t D, const 
                          int64_t max_blocks, const int64_t* lengths, int64_t block_size, float scale, float* out);
 
 }  // namespace qs
+
+namespace qs {
+// bfloat16 weights [blocks, K/2, 16 rows, 2] times float32 x, float32 y (AVX512-BF16).
+void bf16b_matmul_avx512(const float* x, int64_t M, int64_t K, const uint16_t* codes, int64_t N, float* y);
+}  // namespace qs

@@ -88,6 +88,21 @@ at::Tensor q8b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, const
   return y;
 }
 
+at::Tensor bf16b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, int64_t N) {
+  require("avx512bf16", __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw"));
+  // codes [blocks, K/2, 16, 2] bfloat16
+  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == 16 && codes.size(3) == 2 && codes.is_contiguous() &&
+                  codes.scalar_type() == at::kBFloat16 && codes.size(0) == (N + 15) / 16,
+              "codes must be the contiguous blocked bfloat16 layout");
+  const int64_t K = codes.size(1) * 2;
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == K,
+              "x must be contiguous float32 [M, K]");
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  qs::bf16b_matmul_avx512(x.data_ptr<float>(), x.size(0), K, reinterpret_cast<const uint16_t*>(codes.data_ptr()), N,
+                          y.data_ptr<float>());
+  return y;
+}
+
 at::Tensor paged_decode_avx512(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                                const at::Tensor& block_tables, const at::Tensor& lengths, int64_t block_size,
                                double scale) {
@@ -129,4 +144,5 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("q4b_matmul_avx512", &q4b_matmul_avx512);
   m.def("q8b_matmul_avx512", &q8b_matmul_avx512);
   m.def("paged_decode_avx512", &paged_decode_avx512);
+  m.def("bf16b_matmul_avx512", &bf16b_matmul_avx512);
 }

@@ -187,3 +187,26 @@ def test_paged_decode_refuses_a_table_outside_the_cache():
     paged = PagedDecode(storage, torch.tensor([[0, 9]]), torch.tensor([20]), KERNELS)
     with pytest.raises(RuntimeError, match="outside the cache"):
         paged.attend(0, torch.randn(1, 4, 16), 0.25)
+
+
+# --- whole models: the in-place attention against the generic gather path --------------------------
+
+
+@needs_avx512
+@pytest.mark.parametrize("kv_cache", ["paged", "naive"])
+@pytest.mark.parametrize("dtype, quant", [("float32", "none"), ("bfloat16", "none"), ("float32", "int4")])
+def test_greedy_with_in_place_attention_equals_the_gather_path(qwen3_tiny, monkeypatch, kv_cache, dtype, quant):
+    from qwen_serve import LLM, SamplingParams
+    from qwen_serve.backends.torch_cpu import model as model_module
+
+    llm = LLM(str(qwen3_tiny), kv_cache=kv_cache, dtype=dtype, quant=quant, calibrate=False, chunk_size=64)
+    prompts = [llm.tokenizer.encode("Hello, world!"), llm.tokenizer.encode("The quick brown fox " * 30)]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    seen = []
+    real_layout = model_module.paged_decode_layout
+    monkeypatch.setattr(model_module, "paged_decode_layout", lambda b, c: seen.append(real_layout(b, c)) or seen[-1])
+    in_place = [o.token_ids for o in llm.generate(prompts, params)]
+    assert any(p is not None for p in seen)  # the kernel did run
+    monkeypatch.setattr(model_module, "paged_decode_layout", lambda b, c: None)
+    gathered = [o.token_ids for o in llm.generate(prompts, params)]
+    assert in_place == gathered

@@ -51,7 +51,7 @@ class DenseLinear:
         if self.weight is None:
             return
         if self.dtype == torch.bfloat16 and kernels is not None and kernels.isa == "avx512" \
-                and "avx512_bf16" in cpu_features():
+                and "avx512_bf16" in cpu_features() and self.in_features % 2 == 0:
             self.blocked, self.kernels, self.weight = blocked.block_pairs(self.weight), kernels, None
         else:
             self.dtype = torch.float32

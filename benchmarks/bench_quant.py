@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import engine_timing
 import numpy as np
 
 PREFILL_TOKENS = 512
@@ -65,7 +66,7 @@ class AnonPeak:
 
 
 def run_one(model: str, quant: str) -> dict:
-    from qwen_serve import LLM, SamplingParams
+    from qwen_serve import LLM
 
     start = time.perf_counter()
     with AnonPeak() as peak:
@@ -77,23 +78,7 @@ def run_one(model: str, quant: str) -> dict:
     rng = np.random.default_rng(0)
 
     def timed_run(prompts: list[list[int]], max_tokens: int) -> tuple[float, float, int]:
-        """(seconds of the steps that prefilled, seconds of pure decode steps, decoded tokens)."""
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        seqs = [engine.add_request(f"bench-{time.monotonic_ns()}-{i}", p, params) for i, p in enumerate(prompts)]
-        prefill_s = decode_s = 0.0
-        decoded = 0
-        while any(not s.is_finished for s in seqs):
-            before = sum(len(s.output_token_ids) for s in seqs)
-            prefilling = any(len(s.output_token_ids) == 0 for s in seqs)
-            t = time.perf_counter()
-            engine.step()
-            elapsed = time.perf_counter() - t
-            if prefilling:
-                prefill_s += elapsed
-            else:
-                decode_s += elapsed
-                decoded += sum(len(s.output_token_ids) for s in seqs) - before
-        return prefill_s, decode_s, decoded
+        return engine_timing.timed_run(engine, prompts, max_tokens)
 
     def prompt(n: int) -> list[int]:
         return rng.integers(100, min(vocab, 30000), size=n).tolist()

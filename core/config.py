@@ -84,7 +84,7 @@ class EngineConfig:
     block_size: int = 16
     kv_blocks: int = 512
     slab_blocks: int = 32
-    max_batch: int = 8
+    max_batch: int = 16  # 16 streams decode 1.1x (int4) to 1.35x (bf16) faster in aggregate than 8 (benchmarks/bench_decode.py)
     step_budget: int = 2048
     chunk_size: int = 512
     max_seq_len: int | None = None

@@ -39,7 +39,7 @@ def test_health_and_models_describe_the_embedded_model(smollm2_server, client, s
     health = json.loads(body)
     assert status == 200 and health["status"] == "ok"
     assert "smollm2" in health["model"].lower()
-    assert health["block_size"] == 16 and health["kv_blocks_total"] == 512 and health["max_batch"] == 8
+    assert health["block_size"] == 16 and health["kv_blocks_total"] == 512 and health["max_batch"] == 16
     assert [m.id for m in client.models.list().data] == [smollm2_model_name] == [health["model"]]
 
 

@@ -22,7 +22,9 @@ class CachedAttention:
         # queries [T, H, D]; keys/values [T, Hkv, D]
         cache.write(layer, step.write_slots, keys, values)
         out = torch.empty_like(queries)
-        if step.decode_rows.numel():
+        if step.paged is not None:  # the backend's own storage, read in place (paged_decode.py)
+            out[step.decode_rows] = step.paged.attend(layer, queries[step.decode_rows], self.scale)
+        elif step.decode_rows.numel():
             k, v = cache.read(layer, step.decode_slots)  # [B, L, Hkv, D]: one gather for all decodes
             q = queries[step.decode_rows].unsqueeze(2)  # [B, H, 1, D]
             o = F.scaled_dot_product_attention(

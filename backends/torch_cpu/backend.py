@@ -43,8 +43,10 @@ class TorchBackend:
     quantizations = QUANTIZATIONS
 
     def __init__(self, num_threads: int | None = None, head_quant: str = "int8") -> None:
-        # One thread per core: more threads only fight over the same cores.
-        torch.set_num_threads(num_threads or os.cpu_count() or 1)
+        # One thread per core this process may run on (its affinity mask, which taskset and cgroup
+        # CPU sets narrow): more threads only fight over the same cores. torch's OpenMP pool is also
+        # the kernels' (native.py), so this is the one thread count of every computation.
+        torch.set_num_threads(num_threads or len(os.sched_getaffinity(0)) or 1)
         if head_quant not in ("none", "int8", "int4"):
             raise ValueError(f"head_quant must be none, int8 or int4, got {head_quant!r}")
         self.head_quant = head_quant  # how the embedding / lm_head is stored under quant "int4"

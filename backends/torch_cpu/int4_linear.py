@@ -1,30 +1,40 @@
-"""Quantized linear layers: int4 (the canonical format, read in place) and int8 rows (the tied
-embedding / lm_head).
+"""Quantized linear layers: int4 (the canonical format) and int8 rows (the tied embedding /
+lm_head).
 
-Decode (a few rows of x) runs the C kernels in native.py, which read the packed weights once
-per call however many rows x has. Prefill (many rows) is compute-bound instead: a tile of the
-weight is dequantized into a reused scratch buffer and multiplied by torch's GEMM, so the
-unpacking is paid once per tile for hundreds of rows. The tile is bfloat16 on CPUs that multiply
-it natively (3x faster than float32 there; the rounding is far below int4's own error), float32
-elsewhere. The GEMM stays in torch (not numpy's faster OpenBLAS) because alternating two thread
-pools on two cores made the pair slower than either alone. Without a C compiler the tile path
-runs for every call (slow but correct).
+Decode (a few rows of x) runs the C++ kernels of native.py, which read the packed weights once
+per call however many rows x has. On AVX-512 CPUs the weights are reordered at load into the
+blocked layouts of blocked_layout.py (16 output rows per register, same bytes); on AVX2 CPUs
+the kernels read the canonical layout in place. Prefill (many rows) is compute-bound instead: a
+tile of the weight is dequantized into a reused scratch buffer and multiplied by torch's GEMM,
+so the unpacking is paid once per tile for hundreds of rows. The tile is bfloat16 on CPUs that
+multiply it natively (the rounding is far below int4's own error), float32 elsewhere. Without
+the kernels the tile path runs for every call (slow but correct).
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from qwen_serve.quant.int4 import GROUP, Int4Weight, can_quantize
-from qwen_serve.quant.int4 import dequantize as dequantize_int4
 
-from .native import has_fast_bf16_matmul, load_kernels
+from . import blocked_layout as blocked
+from .native import Kernels, cpu_features, has_fast_bf16_matmul, load_kernels
 
-# Up to this many rows of x go through the bandwidth-bound kernels; more go through dequantized
-# tiles. Measured crossover on the Qwen3-0.6B geometry (2 threads): 16 rows against bf16 tiles,
-# while against float32 tiles the kernels still won at 96 rows and tied at 512.
+# Up to this many rows of x go through the kernels; more go through dequantized tiles. With the
+# AVX2 kernels (measured on Sapphire Rapids, Qwen3-0.6B geometry, 2 threads) the crossover was 16
+# rows against bf16 tiles and past 256 against float32 tiles. The AVX-512 kernels beat bf16 tiles
+# at every size on a Zen 5 without AMX (80 against 133 ms for 4 layers at 512 rows,
+# benchmarks/bench_linears.py), so there they take every call; on AMX CPUs, whose bf16 GEMM is
+# several times faster (unmeasured here), tiles keep the calls past 64 rows.
 KERNEL_ROWS = {torch.bfloat16: 16, torch.float32: 256}
+AVX512_KERNEL_ROWS = {False: 1 << 30, True: 64}  # by whether the CPU has AMX
+
+
+def default_kernel_rows(gemm_dtype: torch.dtype) -> int:
+    kernels = load_kernels()
+    if kernels is not None and kernels.isa == "avx512":
+        return AVX512_KERNEL_ROWS["amx_bf16" in cpu_features()]
+    return KERNEL_ROWS[gemm_dtype]
 SCRATCH_FLOATS = 1 << 22  # 16 MiB of float32: one weight tile, shared by every layer
 ROWS_PER_PASS = 8192  # rows quantized at a time, so a 151936-row embedding needs no full float copy
 
@@ -38,11 +48,12 @@ class Scratch:
                  kernel_rows: int | None = None) -> None:
         self.floats = floats
         self.gemm_dtype = gemm_dtype or (torch.bfloat16 if has_fast_bf16_matmul() else torch.float32)
-        self.kernel_rows = KERNEL_ROWS[self.gemm_dtype] if kernel_rows is None else kernel_rows
+        self.kernel_rows = default_kernel_rows(self.gemm_dtype) if kernel_rows is None else kernel_rows
         self.buffers: dict[torch.dtype, torch.Tensor] = {}
 
     def rows_per_tile(self, in_features: int) -> int:
-        return max(1, self.floats // in_features)
+        """Whole blocks of 16 rows, so a tile of a blocked layout starts at a block."""
+        return max(1, self.floats // in_features // blocked.BLOCK) * blocked.BLOCK
 
     def tile(self, rows: int, in_features: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         buffer = self.buffers.get(dtype)
@@ -55,7 +66,7 @@ class _QuantizedLinear:
     """y = x @ W.T + b: the small-batch kernel when there is one, else dequantized tiles + BLAS.
 
     A subclass sets out_features, in_features, bias, scratch and kernels, and provides
-    _kernel_matmul(x, y) and _fill_tile(start, stop, out), plus _prepare_tiled(x) when its tiles
+    _kernel_matmul(x) and _fill_tile(start, stop, out), plus _prepare_tiled(x) when its tiles
     hold the columns in another order than x.
     """
 
@@ -63,14 +74,13 @@ class _QuantizedLinear:
     in_features: int
     bias: torch.Tensor | None
     scratch: Scratch
-    kernels: object | None
+    kernels: Kernels | None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).float().contiguous()
         if self.kernels is not None and x2.shape[0] <= self.scratch.kernel_rows:
-            y = torch.empty(x2.shape[0], self.out_features, dtype=torch.float32)
-            self._kernel_matmul(x2, y)
+            y = self._kernel_matmul(x2)
         else:
             y = self._tiled_matmul(self._prepare_tiled(x2))
         if self.bias is not None:
@@ -97,86 +107,108 @@ class _QuantizedLinear:
 
 
 class Int4Linear(_QuantizedLinear):
-    """W in the canonical int4 format, kept exactly as quantized (the kernels read it in place)."""
+    """W in the canonical int4 format, reordered into the blocked layout where the AVX-512
+    kernels run and read in place elsewhere. ``kernels`` defaults to this machine's."""
 
-    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None = None, scratch: Scratch | None = None) -> None:
-        self.weight = weight
-        self.packed = torch.from_numpy(weight.packed)  # shares memory with the canonical arrays
-        self.scale_bits = torch.from_numpy(weight.scale.view(np.int16))
-        self.zero_bits = torch.from_numpy(weight.zero.view(np.int16))
+    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None = None, scratch: Scratch | None = None,
+                 kernels: Kernels | None | str = "auto") -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else bias.float()
         self.scratch = scratch or Scratch()
-        self.kernels = load_kernels()
+        self.kernels = load_kernels() if kernels == "auto" else kernels
+        self.blocked = self.kernels is not None and self.kernels.isa == "avx512"
+        if self.blocked:
+            self.codes, self.scale, self.zero = blocked.block_int4(weight)
+        else:  # shares memory with the canonical arrays
+            self.codes = torch.from_numpy(weight.packed)
+            self.scale, self.zero = torch.from_numpy(weight.scale), torch.from_numpy(weight.zero)
 
-    def _kernel_matmul(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.kernels.q4_matmul(x.data_ptr(), x.shape[0], self.in_features, self.packed.data_ptr(),
-                               self.scale_bits.data_ptr(), self.zero_bits.data_ptr(), self.out_features,
-                               y.data_ptr())
+    def _kernel_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.blocked:
+            return self.kernels.ops.q4b_matmul_avx512(x, self.codes, self.scale, self.zero, self.out_features,
+                                                      self.kernels.vnni)
+        return self.kernels.ops.q4_matmul_avx2(x, self.codes, self.scale, self.zero)
 
     def _prepare_tiled(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernels is None:
+        if self.kernels is None or self.blocked:
             return x
-        xp = torch.empty_like(x)  # the native tiles order each group's columns evens, then odds
-        self.kernels.permute_groups(x.data_ptr(), x.shape[0], self.in_features, xp.data_ptr())
-        return xp
+        return self.kernels.ops.permute_groups(x)  # the AVX2 tiles order each group evens, then odds
 
     def _fill_tile(self, start: int, stop: int, out: torch.Tensor) -> None:
-        if self.kernels is None:
+        if self.blocked:
+            first, last = start // blocked.BLOCK, -(-stop // blocked.BLOCK)
+            whole = out if (last - first) * blocked.BLOCK == stop - start else \
+                torch.empty((last - first) * blocked.BLOCK, self.in_features)
+            blocked.int4_block_rows(self.codes, self.scale, self.zero, first, last, whole)
+            if whole is not out:
+                out.copy_(whole[: stop - start])
+        elif self.kernels is not None:
+            self.kernels.ops.q4_dequant_split_avx2(self.codes[start:stop], self.scale[start:stop],
+                                                   self.zero[start:stop], out)
+        else:
             out.copy_(self.lookup(torch.arange(start, stop)))
-            return
-        self.kernels.q4_dequant_split(self.packed[start].data_ptr(), self.scale_bits[start].data_ptr(),
-                                      self.zero_bits[start].data_ptr(), stop - start, self.in_features,
-                                      out.data_ptr())
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Dequantized rows (an embedding lookup when this weight is a tied embedding)."""
-        packed = self.packed.index_select(0, ids)
+        if self.blocked:
+            return blocked.int4_rows(self.codes, self.scale, self.zero, ids)
+        packed = self.codes.index_select(0, ids)
         codes = torch.stack((packed & 0x0F, packed >> 4), dim=-1)  # low nibble first
-        scale = self.scale_bits.index_select(0, ids).view(torch.float16).float()
-        zero = self.zero_bits.index_select(0, ids).view(torch.float16).float()
+        scale = self.scale.index_select(0, ids).float()
+        zero = self.zero.index_select(0, ids).float()
         groups = codes.view(len(ids), -1, GROUP).float()
         return (groups * scale[..., None] + zero[..., None]).view(len(ids), self.in_features)
 
     def dequantize(self) -> torch.Tensor:
-        return torch.from_numpy(dequantize_int4(self.weight))
+        return self.lookup(torch.arange(self.out_features))
 
     def nbytes(self) -> int:
-        return self.weight.nbytes() + (0 if self.bias is None else self.bias.numel() * 4)
+        stored = self.codes.numel() + 2 * (self.scale.numel() + self.zero.numel())  # blocked: with padding rows
+        return stored + (0 if self.bias is None else self.bias.numel() * 4)
 
 
 class Int8Linear(_QuantizedLinear):
-    """W as int8 rows with one float32 scale per row (symmetric), quantized from a float weight."""
+    """W as int8 rows with one float32 scale per row (symmetric), quantized from a float weight;
+    blocked for the AVX-512 kernels."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, scratch: Scratch | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, scratch: Scratch | None = None,
+                 kernels: Kernels | None | str = "auto") -> None:
         self.out_features, self.in_features = weight.shape
-        self.codes = torch.empty(weight.shape, dtype=torch.int8)
-        self.scale = torch.empty(self.out_features, dtype=torch.float32)
+        codes = torch.empty(weight.shape, dtype=torch.int8)
+        scale = torch.empty(self.out_features, dtype=torch.float32)
         for start in range(0, self.out_features, ROWS_PER_PASS):  # bounded float temporaries
             w = weight[start:start + ROWS_PER_PASS].float()
             amax = w.abs().amax(dim=1)
-            scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-            self.scale[start:start + ROWS_PER_PASS] = scale
-            self.codes[start:start + ROWS_PER_PASS] = torch.round(w / scale[:, None]).clamp_(-127, 127)
+            step = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+            scale[start:start + ROWS_PER_PASS] = step
+            codes[start:start + ROWS_PER_PASS] = torch.round(w / step[:, None]).clamp_(-127, 127)
         self.bias = None if bias is None else bias.float()
         self.scratch = scratch or Scratch()
-        self.kernels = load_kernels() if self.in_features % GROUP == 0 else None
+        self.kernels = (load_kernels() if kernels == "auto" else kernels) if self.in_features % GROUP == 0 else None
+        self.blocked = self.kernels is not None and self.kernels.isa == "avx512"
+        self.codes, self.scale = blocked.block_int8(codes, scale) if self.blocked else (codes, scale)
 
-    def _kernel_matmul(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.kernels.q8_matmul(x.data_ptr(), x.shape[0], self.in_features, self.codes.data_ptr(),
-                               self.scale.data_ptr(), self.out_features, y.data_ptr())
+    def _kernel_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.blocked:
+            return self.kernels.ops.q8b_matmul_avx512(x, self.codes, self.scale, self.out_features, self.kernels.vnni)
+        return self.kernels.ops.q8_matmul_avx2(x, self.codes, self.scale)
 
     def _fill_tile(self, start: int, stop: int, out: torch.Tensor) -> None:
-        torch.mul(self.codes[start:stop], self.scale[start:stop, None], out=out)
+        if self.blocked:
+            out.copy_(self.lookup(torch.arange(start, stop)))
+        else:
+            torch.mul(self.codes[start:stop], self.scale[start:stop, None], out=out)
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.blocked:
+            return blocked.int8_rows(self.codes, self.scale, ids)
         return self.codes.index_select(0, ids).float() * self.scale.index_select(0, ids)[:, None]
 
     def dequantize(self) -> torch.Tensor:
-        return self.codes.float() * self.scale[:, None]
+        return self.lookup(torch.arange(self.out_features))
 
     def nbytes(self) -> int:
-        return self.codes.numel() + self.scale.numel() * 4 + (0 if self.bias is None else self.bias.numel() * 4)
+        return self.codes.numel() + 4 * self.scale.numel() + (0 if self.bias is None else self.bias.numel() * 4)
 
 
 def quantizable(weight: torch.Tensor) -> bool:

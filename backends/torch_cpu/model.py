@@ -18,6 +18,8 @@ from qwen_serve.quant.calibration import decoder_projections
 
 from .attention import CachedAttention
 from .linear import DenseLinear
+from .native import load_kernels
+from .paged_decode import paged_decode_layout
 from .step_layout import StepLayout, build_layout
 
 
@@ -85,6 +87,11 @@ class DecoderModel:
         if head is None and not c.tie_word_embeddings:
             raise ModelLoadError("checkpoint lacks lm_head.weight and does not tie embeddings")
         self.lm_head = self.embed if head is None else make_linear(head, None)
+        for linear in [getattr(layer, n) for layer in self.layers for n in PROJECTIONS]:
+            if isinstance(linear, DenseLinear):
+                linear.prepack()
+        if isinstance(self.lm_head, DenseLinear):
+            self.lm_head.as_head(load_kernels())  # float32 logits; a tied table keeps lookup()
         if weights:
             raise ModelLoadError(f"checkpoint has unexpected tensors, e.g. {sorted(weights)[:3]}")
         self.attention = CachedAttention(scale=c.head_dim ** -0.5)
@@ -106,6 +113,7 @@ class DecoderModel:
     @torch.inference_mode()
     def execute(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         step = build_layout(batch, cache)
+        step.paged = paged_decode_layout(batch, cache)
         token_ids = torch.as_tensor([t for c in batch.chunks for t in c.token_ids], dtype=torch.long)
         hidden = self.embed.lookup(token_ids)
         cos, sin = self._rope(step.positions)

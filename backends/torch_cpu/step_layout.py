@@ -4,6 +4,7 @@ decoding sequences and one per prefill chunk, never a per-token loop."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -26,6 +27,7 @@ class StepLayout:
     decode_mask: torch.Tensor  # [B, 1, 1, Lmax]
     prefills: list[PrefillSpan]
     sample_rows: torch.Tensor  # rows whose logits are wanted, in chunk order
+    paged: Any = None  # a paged_decode.PagedDecode when decode attention reads the cache in place
 
 
 def slots_for(block_table, block_size: int, stop: int) -> torch.Tensor:

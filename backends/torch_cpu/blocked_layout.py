@@ -1,0 +1,79 @@
+"""The blocked weight layouts of the AVX-512 kernels, converted from the canonical formats at
+load time, and their rows back as float32 (embedding lookups, prefill tiles, dequantize()).
+
+Both put 16 output rows side by side, so one AVX-512 multiply-add serves 16 rows and each block's
+result is 16 finished dot products (no horizontal sums); the kernels are in kernels/int4_avx512*.
+
+int4: codes uint8 [blocks, groups, 16 chunks, 16 rows, 2]: byte j of chunk c holds input
+4c + j of its group in the low nibble and input 4c + 2 + j in the high one; scale and zero
+float16 [blocks, groups, 16]. Same bytes as the canonical layout, in another order.
+int8 (and bfloat16): codes [blocks, K / 2, 16 rows, 2 inputs]; int8's scale float32 [blocks * 16].
+Rows past N (to fill the last block) are zeros.
+"""
+from __future__ import annotations
+
+import torch
+
+from qwen_serve.quant.int4 import GROUP, Int4Weight
+
+BLOCK = 16
+
+
+def _pad_rows(t: torch.Tensor) -> torch.Tensor:
+    extra = -t.shape[0] % BLOCK
+    return t if extra == 0 else torch.cat((t, t.new_zeros((extra, *t.shape[1:]))))
+
+
+def block_int4(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, cols = weight.shape
+    groups = cols // GROUP
+    packed = torch.from_numpy(weight.packed)
+    codes = _pad_rows(torch.stack((packed & 0x0F, packed >> 4), dim=-1).view(rows, cols))
+    quads = codes.view(-1, BLOCK, groups, 16, 4)  # [block, row, group, chunk, 4 inputs]
+    paired = quads[..., 0:2] | (quads[..., 2:4] << 4)
+    blocked = paired.permute(0, 2, 3, 1, 4).contiguous()
+
+    def per_block(t) -> torch.Tensor:
+        return _pad_rows(torch.from_numpy(t)).view(-1, BLOCK, groups).transpose(1, 2).contiguous()
+
+    return blocked, per_block(weight.scale), per_block(weight.zero)
+
+
+def int4_rows(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of a blocked int4 weight as float32 [len(ids), K]."""
+    block, lane = ids // BLOCK, ids % BLOCK
+    picked = codes[block, :, :, lane, :]  # [n, groups, 16 chunks, 2]
+    q = torch.stack((picked & 0x0F, picked >> 4), dim=-2).view(len(ids), -1, GROUP).float()
+    s, z = scale[block, :, lane].float(), zero[block, :, lane].float()
+    return (q * s[..., None] + z[..., None]).view(len(ids), -1)
+
+
+def int4_block_rows(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, first: int, stop: int,
+                    out: torch.Tensor) -> None:
+    """Blocks [first, stop) as float32 rows into out [(stop - first) * 16, K]."""
+    n, groups = stop - first, codes.shape[1]
+    part = codes[first:stop]
+    q = torch.stack((part & 0x0F, part >> 4), dim=-2)  # [n, groups, chunk, row, 2 nibbles, 2]
+    q = q.permute(0, 3, 1, 2, 4, 5).reshape(n * BLOCK, groups, GROUP)
+    s = scale[first:stop].transpose(1, 2).reshape(n * BLOCK, groups, 1)
+    z = zero[first:stop].transpose(1, 2).reshape(n * BLOCK, groups, 1)
+    torch.addcmul(z.float(), q.float(), s.float(), out=out.view(n * BLOCK, groups, GROUP))
+
+
+def block_pairs(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [blocks, K / 2, 16 rows, 2 inputs], any dtype (the int8 and bf16 kernels)."""
+    cols = weight.shape[1]
+    return _pad_rows(weight).view(-1, BLOCK, cols // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def pair_rows(blocked: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of a block_pairs layout, in its dtype [len(ids), K]."""
+    return blocked[ids // BLOCK, :, ids % BLOCK, :].reshape(len(ids), -1)
+
+
+def block_int8(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return block_pairs(codes), _pad_rows(scale)
+
+
+def int8_rows(codes: torch.Tensor, scale: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return pair_rows(codes, ids).float() * scale[ids, None]

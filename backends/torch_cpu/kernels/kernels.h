@@ -1,0 +1,34 @@
+// Entry points of the kernel sources, called by ops.cpp (which checks the tensors).
+#pragma once
+
+#include <cstdint>
+
+namespace qs {
+
+// AVX2, on the canonical int4 layout (packed [N, K/2], fp16 scale and zero [N, K/64]).
+void q4_matmul_avx2(const float* x, int64_t M, int64_t K, const uint8_t* packed, const uint16_t* scale,
+                    const uint16_t* zero, int64_t N, float* y);
+void q8_matmul_avx2(const float* x, int64_t M, int64_t K, const int8_t* w, const float* scale, int64_t N, float* y);
+void q4_dequant_split_avx2(const uint8_t* packed, const uint16_t* scale, const uint16_t* zero, int64_t N, int64_t K,
+                           float* out);
+void permute_groups(const float* x, int64_t M, int64_t K, float* xp);
+
+// AVX-512 (with or without VNNI), on the blocked layouts of int4_linear.py: 16 output rows per
+// block, so each instruction multiplies 16 rows at once and no row needs a horizontal sum.
+void q4b_matmul_avx512(const float* x, int64_t M, int64_t K, const uint8_t* codes, const uint16_t* scale,
+                       const uint16_t* zero, int64_t N, float* y, bool vnni);
+void q8b_matmul_avx512(const float* x, int64_t M, int64_t K, const int8_t* codes, const float* scale, int64_t N,
+                       float* y, bool vnni);
+
+// Decode attention over a paged KV cache, read in place through the block tables (AVX-512).
+// kv_bf16: the caches hold bfloat16 (as uint16), else float32.
+void paged_decode_avx512(const float* q, int64_t B, int64_t H, int64_t D, const void* key_cache,
+                         const void* value_cache, bool kv_bf16, int64_t Hkv, const int64_t* block_tables,
+                         int64_t max_blocks, const int64_t* lengths, int64_t block_size, float scale, float* out);
+
+}  // namespace qs
+
+namespace qs {
+// bfloat16 weights [blocks, K/2, 16 rows, 2] times float32 x, float32 y (AVX512-BF16).
+void bf16b_matmul_avx512(const float* x, int64_t M, int64_t K, const uint16_t* codes, int64_t N, float* y);
+}  // namespace qs

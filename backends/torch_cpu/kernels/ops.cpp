@@ -1,0 +1,148 @@
+// The kernels as torch operators (torch.ops.qwen_serve.*): tensor checks, then the raw loops.
+// They run on torch's own intra-op thread pool (at::parallel_for), so they and torch's ops share
+// the same threads and never oversubscribe the cores.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "kernels.h"
+
+namespace {
+
+const uint16_t* half_bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
+
+void check_activations(const at::Tensor& x, int64_t K) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x must be contiguous float32 [M, K]");
+  TORCH_CHECK(x.size(1) == K && K % 64 == 0, "x has ", x.size(1), " columns, the weight ", K, " (a multiple of 64)");
+}
+
+void require(const char* feature, bool supported) {
+  TORCH_CHECK(supported, "this CPU lacks ", feature, " for the kernel asked for");
+}
+
+at::Tensor q4_matmul_avx2(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                          const at::Tensor& zero) {
+  require("avx2", __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
+  const int64_t N = packed.size(0), K = packed.size(1) * 2;
+  check_activations(x, K);
+  TORCH_CHECK(packed.is_contiguous() && scale.is_contiguous() && zero.is_contiguous(), "weights must be contiguous");
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  qs::q4_matmul_avx2(x.data_ptr<float>(), x.size(0), K, packed.data_ptr<uint8_t>(), half_bits(scale), half_bits(zero),
+                     N, y.data_ptr<float>());
+  return y;
+}
+
+at::Tensor q8_matmul_avx2(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale) {
+  require("avx2", __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
+  const int64_t N = codes.size(0), K = codes.size(1);
+  check_activations(x, K);
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  qs::q8_matmul_avx2(x.data_ptr<float>(), x.size(0), K, codes.data_ptr<int8_t>(), scale.data_ptr<float>(), N,
+                     y.data_ptr<float>());
+  return y;
+}
+
+void q4_dequant_split_avx2(const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& zero, at::Tensor out) {
+  require("avx2", __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kFloat && out.size(0) == packed.size(0) &&
+                  out.size(1) == packed.size(1) * 2, "out must be contiguous float32 [rows, K]");
+  qs::q4_dequant_split_avx2(packed.data_ptr<uint8_t>(), half_bits(scale), half_bits(zero), packed.size(0), out.size(1),
+                            out.data_ptr<float>());
+}
+
+at::Tensor permute_groups(const at::Tensor& x) {
+  check_activations(x, x.size(1));
+  at::Tensor xp = at::empty_like(x);
+  qs::permute_groups(x.data_ptr<float>(), x.size(0), x.size(1), xp.data_ptr<float>());
+  return xp;
+}
+
+at::Tensor q4b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                             const at::Tensor& zero, int64_t N, bool vnni) {
+  require("avx512bw", __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"));
+  if (vnni) require("avx512vnni", __builtin_cpu_supports("avx512vnni"));
+  // codes [blocks, groups, 16, 16, 2] uint8; scale, zero [blocks, groups, 16] float16
+  TORCH_CHECK(codes.dim() == 5 && codes.size(2) == 16 && codes.size(3) == 16 && codes.is_contiguous(),
+              "codes must be the contiguous blocked int4 layout");
+  const int64_t K = codes.size(1) * 64;
+  TORCH_CHECK(codes.size(0) == (N + 15) / 16 && scale.numel() == codes.size(0) * codes.size(1) * 16,
+              "N does not match the blocks");
+  check_activations(x, K);
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  qs::q4b_matmul_avx512(x.data_ptr<float>(), x.size(0), K, codes.data_ptr<uint8_t>(), half_bits(scale),
+                        half_bits(zero), N, y.data_ptr<float>(), vnni);
+  return y;
+}
+
+at::Tensor q8b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, int64_t N,
+                             bool vnni) {
+  require("avx512bw", __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"));
+  if (vnni) require("avx512vnni", __builtin_cpu_supports("avx512vnni"));
+  // codes [blocks, K/2, 16, 2] int8; scale [blocks * 16] float32
+  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == 16 && codes.is_contiguous() && codes.size(0) == (N + 15) / 16 &&
+                  scale.numel() == codes.size(0) * 16, "codes must be the contiguous blocked int8 layout");
+  const int64_t K = codes.size(1) * 2;
+  check_activations(x, K);
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  qs::q8b_matmul_avx512(x.data_ptr<float>(), x.size(0), K, codes.data_ptr<int8_t>(), scale.data_ptr<float>(), N,
+                        y.data_ptr<float>(), vnni);
+  return y;
+}
+
+at::Tensor bf16b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, int64_t N) {
+  require("avx512bf16", __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw"));
+  // codes [blocks, K/2, 16, 2] bfloat16
+  TORCH_CHECK(codes.dim() == 4 && codes.size(2) == 16 && codes.size(3) == 2 && codes.is_contiguous() &&
+                  codes.scalar_type() == at::kBFloat16 && codes.size(0) == (N + 15) / 16,
+              "codes must be the contiguous blocked bfloat16 layout");
+  const int64_t K = codes.size(1) * 2;
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == K,
+              "x must be contiguous float32 [M, K]");
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  qs::bf16b_matmul_avx512(x.data_ptr<float>(), x.size(0), K, reinterpret_cast<const uint16_t*>(codes.data_ptr()), N,
+                          y.data_ptr<float>());
+  return y;
+}
+
+at::Tensor paged_decode_avx512(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                               const at::Tensor& block_tables, const at::Tensor& lengths, int64_t block_size,
+                               double scale) {
+  require("avx512f", __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"));
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be contiguous float32 [B, H, D]");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+  TORCH_CHECK(key_cache.dim() == 3 && key_cache.sizes() == value_cache.sizes() && key_cache.is_contiguous() &&
+                  value_cache.is_contiguous() && key_cache.scalar_type() == value_cache.scalar_type(),
+              "caches must be contiguous [slots, kv heads, D] of one dtype");
+  const bool bf16 = key_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(bf16 || key_cache.scalar_type() == at::kFloat, "caches must be float32 or bfloat16");
+  const int64_t Hkv = key_cache.size(1);
+  TORCH_CHECK(key_cache.size(2) == D && D % 16 == 0 && H % Hkv == 0, "head sizes do not fit (D a multiple of 16)");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == B && block_tables.scalar_type() == at::kLong &&
+                  block_tables.is_contiguous() && lengths.numel() == B && lengths.scalar_type() == at::kLong,
+              "block_tables must be int64 [B, max_blocks] and lengths int64 [B]");
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  const int64_t* table = block_tables.data_ptr<int64_t>();
+  const int64_t slots = key_cache.size(0), max_blocks = block_tables.size(1);
+  for (int64_t b = 0; b < B; b++) {  // a bad table must be an error, never a read out of bounds
+    TORCH_CHECK(len[b] > 0 && len[b] <= max_blocks * block_size, "sequence ", b, " has length ", len[b]);
+    for (int64_t i = 0; i < (len[b] + block_size - 1) / block_size; i++)
+      TORCH_CHECK(table[b * max_blocks + i] >= 0 && (table[b * max_blocks + i] + 1) * block_size <= slots,
+                  "block ", table[b * max_blocks + i], " is outside the cache");
+  }
+  at::Tensor out = at::empty_like(q);
+  qs::paged_decode_avx512(q.data_ptr<float>(), B, H, D, key_cache.data_ptr(), value_cache.data_ptr(), bf16, Hkv, table,
+                          max_blocks, len, block_size, static_cast<float>(scale), out.data_ptr<float>());
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(qwen_serve, m) {
+  m.def("q4_matmul_avx2", &q4_matmul_avx2);
+  m.def("q8_matmul_avx2", &q8_matmul_avx2);
+  m.def("q4_dequant_split_avx2(Tensor packed, Tensor scale, Tensor zero, Tensor(a!) out) -> ()", &q4_dequant_split_avx2);
+  m.def("permute_groups", &permute_groups);
+  m.def("q4b_matmul_avx512", &q4b_matmul_avx512);
+  m.def("q8b_matmul_avx512", &q8b_matmul_avx512);
+  m.def("paged_decode_avx512", &paged_decode_avx512);
+  m.def("bf16b_matmul_avx512", &bf16b_matmul_avx512);
+}

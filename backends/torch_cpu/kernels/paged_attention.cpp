@@ -1,0 +1,118 @@
+// Decode attention that reads the paged KV cache where it lies: each (sequence, kv head) walks
+// its block table, so no step gathers a sequence's history into a new tensor. float32 or
+// bfloat16 caches; scores, softmax and the output in float32.
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common.h"
+#include "kernels.h"
+
+namespace qs {
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+namespace {
+
+QS_INLINE __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+QS_INLINE __m512 load16(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// e^x for x <= 0 (scores minus their maximum): 2^n * p(r) with |r| <= ln2 / 2, degree-6
+// Taylor polynomial, relative error ~2e-7.
+QS_INLINE __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Softmax of one head's scores in place (len values, padded to a multiple of 16 with -inf room).
+void softmax_in_place(float* s, int64_t len) {
+  __m512 top = _mm512_set1_ps(-INFINITY);
+  int64_t t = 0;
+  for (; t + 16 <= len; t += 16) top = _mm512_max_ps(top, _mm512_loadu_ps(s + t));
+  float m = _mm512_reduce_max_ps(top);
+  for (; t < len; t++) m = s[t] > m ? s[t] : m;
+  __m512 total = _mm512_setzero_ps();
+  const __mmask16 all = 0xFFFF;
+  for (t = 0; t < len; t += 16) {
+    const __mmask16 keep = len - t >= 16 ? all : static_cast<__mmask16>((1u << (len - t)) - 1);
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(keep, s + t), _mm512_set1_ps(m)));
+    const __m512 kept = _mm512_maskz_mov_ps(keep, e);
+    _mm512_mask_storeu_ps(s + t, keep, kept);
+    total = _mm512_add_ps(total, kept);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+  for (t = 0; t < len; t += 16) {
+    const __mmask16 keep = len - t >= 16 ? all : static_cast<__mmask16>((1u << (len - t)) - 1);
+    _mm512_mask_storeu_ps(s + t, keep, _mm512_mul_ps(_mm512_maskz_loadu_ps(keep, s + t), inv));
+  }
+}
+
+// The G query heads that share one kv head, over one sequence: q and out are [G, D]; keys and
+// values point at this kv head's first element in slot 0, rows of `stride` elements.
+template <typename KV>
+void attend(const float* q, int64_t G, int64_t D, const KV* keys, const KV* values, int64_t stride,
+            const int64_t* table, int64_t len, int64_t block_size, float scale, float* out) {
+  std::vector<float> scores(G * len), acc(G * D, 0.0f);
+  for (int64_t t = 0; t < len; t++) {
+    const KV* k = keys + (table[t / block_size] * block_size + t % block_size) * stride;
+    for (int64_t h = 0; h < G; h++) {
+      __m512 dot = _mm512_setzero_ps();
+      for (int64_t d = 0; d < D; d += 16) dot = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * D + d), load16(k + d), dot);
+      scores[h * len + t] = _mm512_reduce_add_ps(dot) * scale;
+    }
+  }
+  for (int64_t h = 0; h < G; h++) softmax_in_place(scores.data() + h * len, len);
+  for (int64_t t = 0; t < len; t++) {
+    const KV* v = values + (table[t / block_size] * block_size + t % block_size) * stride;
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512 val = load16(v + d);
+      for (int64_t h = 0; h < G; h++) {
+        float* a = acc.data() + h * D + d;
+        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(scores[h * len + t]), val, _mm512_loadu_ps(a)));
+      }
+    }
+  }
+  for (int64_t i = 0; i < G * D; i++) out[i] = acc[i];
+}
+
+template <typename KV>
+void decode_tasks(const float* q, int64_t H, int64_t D, const KV* key_cache, const KV* value_cache, int64_t Hkv,
+                  const int64_t* block_tables, int64_t max_blocks, const int64_t* lengths, int64_t block_size,
+                  float scale, float* out, int64_t task_begin, int64_t task_end) {
+  const int64_t G = H / Hkv;
+  for (int64_t task = task_begin; task < task_end; task++) {
+    const int64_t b = task / Hkv, kvh = task % Hkv, head = b * H + kvh * G;
+    attend<KV>(q + head * D, G, D, key_cache + kvh * D, value_cache + kvh * D, Hkv * D, block_tables + b * max_blocks,
+               lengths[b], block_size, scale, out + head * D);
+  }
+}
+
+}  // namespace
+#pragma GCC pop_options
+
+void paged_decode_avx512(const float* q, int64_t B, int64_t H, int64_t D, const void* key_cache,
+                         const void* value_cache, bool kv_bf16, int64_t Hkv, const int64_t* block_tables,
+                         int64_t max_blocks, const int64_t* lengths, int64_t block_size, float scale, float* out) {
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+    if (kv_bf16)
+      decode_tasks(q, H, D, static_cast<const uint16_t*>(key_cache), static_cast<const uint16_t*>(value_cache), Hkv,
+                   block_tables, max_blocks, lengths, block_size, scale, out, begin, end);
+    else
+      decode_tasks(q, H, D, static_cast<const float*>(key_cache), static_cast<const float*>(value_cache), Hkv,
+                   block_tables, max_blocks, lengths, block_size, scale, out, begin, end);
+  });
+}
+
+}  // namespace qs

@@ -1,0 +1,171 @@
+"""In-process decode and prefill speed of the torch backend on the Qwen3-0.6B geometry (random
+weights), with the machine's bandwidth bound beside each figure.
+
+    python benchmarks/bench_decode.py --qwen-dir /tmp/qwen3-0.6b                  # int4, float32, bfloat16
+    python benchmarks/bench_decode.py --qwen-dir /tmp/qwen3-0.6b --configs int4 --parts decode
+    python benchmarks/bench_decode.py ... --before /tmp/base   # also run an older tree, side by side
+
+Each configuration runs in a fresh subprocess (``--one``): decode tok/s at batch 1, 8 and 16
+(64-token prompts, 32 decode steps timed, best of 2), 512-token prefill tok/s, and decode at
+context 256, 1k and 4k for 1 and 8 streams (distinct prompts at 256 and 1k; at 4k the 8 streams
+share a 4,080-token prefix through the prefix cache, so the prefill stays short — the decode
+still attends over 4k positions per stream). ``--before DIR`` runs the same measurements on a
+tree laid out as an importable ``qwen_serve`` package in DIR (see ``--make-before``), so the
+before and after figures come from one sitting. Results go to benchmarks/results/ as JSON with
+the CPU model and flags, the bandwidth measured (torch sum over 1 GiB, all threads) and threads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import engine_timing
+
+RESULTS = Path(__file__).parent / "results"
+CONFIGS = {"int4": ("float32", "int4"), "float32": ("float32", "none"), "bfloat16": ("bfloat16", "none")}
+DECODE_STEPS = 32
+CONTEXTS = (256, 1024, 4096)
+KEY_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
+             "amx_bf16", "amx_int8", "amx_tile")
+
+
+def machine() -> dict:
+    import torch
+
+    model, flags = "unknown", []
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name") and model == "unknown":
+            model = line.split(":", 1)[1].strip()
+        if line.startswith("flags"):
+            flags = line.split(":", 1)[1].split()
+    x = torch.ones(1 << 28)  # 1 GiB of float32
+    x.sum()
+    best = min(_timed(x.sum) for _ in range(5))
+    return {"cpu": model, "cpu_count": os.cpu_count(), "flags": [f for f in KEY_FLAGS if f in flags],
+            "threads": torch.get_num_threads(), "bandwidth_gb_s": x.numel() * 4 / best / 1e9}
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def run_one(model: str, dtype: str, quant: str, parts: list[str]) -> dict:
+    import numpy as np
+
+    from qwen_serve import LLM
+
+    t = time.perf_counter()
+    llm = LLM(model, dtype=dtype, quant=quant, kv_blocks=2048, max_batch=16, chunk_size=512)
+    result = {"load_s": time.perf_counter() - t, "weight_bytes": llm.parts.executor.weight_bytes(),
+              "machine": machine()}
+    engine, vocab = llm.engine, llm.config.vocab_size
+    rng = np.random.default_rng(0)
+
+    def prompt(n: int) -> list[int]:
+        return rng.integers(100, min(vocab, 30000), size=n).tolist()
+
+    def run(prompts: list[list[int]], max_tokens: int) -> tuple[float, float, int]:
+        return engine_timing.timed_run(engine, prompts, max_tokens)
+
+    run([prompt(32)], 4)  # warm-up
+    if "decode" in parts:
+        for batch in (1, 8, 16):
+            best = 0.0
+            for _ in range(2):
+                _, decode_s, decoded = run([prompt(64) for _ in range(batch)], DECODE_STEPS + 1)
+                best = max(best, decoded / decode_s)
+            result[f"decode_b{batch}_tok_s"] = best
+    if "prefill" in parts:
+        result["prefill512_tok_s"] = 512 / min(run([prompt(512)], 1)[0] for _ in range(2))
+    if "context" in parts:
+        for context in CONTEXTS:
+            for streams in (1, 8):
+                if context == CONTEXTS[-1] and streams > 1:
+                    shared = prompt(context - 16)
+                    prompts = [shared + prompt(16) for _ in range(streams)]
+                else:
+                    prompts = [prompt(context) for _ in range(streams)]
+                _, decode_s, decoded = run(prompts, 17)
+                result[f"ctx{context}_s{streams}_tok_s"] = decoded / decode_s
+    return result
+
+
+def make_before(commit: str, target: Path) -> None:
+    """Lay out ``commit`` of this repository as an importable qwen_serve package in target."""
+    repo = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(f"git -C {repo} archive {commit} | tar -x -C {tmp}", shell=True, check=True)
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(Path(tmp) / "core", target / "qwen_serve")
+        for sub in ("backends", "plugins", "conformance"):
+            if (Path(tmp) / sub).exists():
+                shutil.copytree(Path(tmp) / sub, target / "qwen_serve" / sub)
+
+
+def bound(weight_bytes: int, bandwidth: float) -> float:
+    return bandwidth * 1e9 / weight_bytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--qwen-dir", type=Path, required=True, help="the random Qwen3-0.6B checkpoint (made if absent)")
+    parser.add_argument("--configs", default="int4,float32,bfloat16")
+    parser.add_argument("--parts", default="decode,prefill,context")
+    parser.add_argument("--before", type=Path, help="a tree made by --make-before, measured first")
+    parser.add_argument("--make-before", nargs=2, metavar=("COMMIT", "DIR"), help="lay out COMMIT in DIR and exit")
+    parser.add_argument("--label", default="run")
+    parser.add_argument("--one", nargs=3, metavar=("DTYPE", "QUANT", "PARTS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.make_before:
+        make_before(args.make_before[0], Path(args.make_before[1]))
+        return
+    if args.one:
+        print(json.dumps(run_one(str(args.qwen_dir), args.one[0], args.one[1], args.one[2].split(","))))
+        return
+    if not (args.qwen_dir / "config.json").exists():
+        from qwen_serve.conformance.models import QWEN3_0_6B, make_qwen3_checkpoint
+
+        make_qwen3_checkpoint(args.qwen_dir, QWEN3_0_6B, seed=3, dtype="bfloat16", init_std=0.05)
+    trees = ([("before", args.before)] if args.before else []) + [("after", None)]
+    results = {}
+    for config in args.configs.split(","):
+        dtype, quant = CONFIGS[config]
+        for tree, path in trees:
+            env = dict(os.environ)
+            if path is not None:
+                env["PYTHONPATH"] = str(path)
+            out = subprocess.run([sys.executable, __file__, "--qwen-dir", str(args.qwen_dir), "--one", dtype, quant,
+                                  args.parts], capture_output=True, text=True, env=env, cwd="/")
+            if out.returncode != 0:
+                print(f"{config} {tree} failed:\n{out.stderr[-3000:]}", flush=True)
+                continue
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            results[f"{config}/{tree}"] = r
+            m = r["machine"]
+            figures = {k: round(v, 1) for k, v in r.items() if k.endswith("tok_s")}
+            ceiling = bound(r["weight_bytes"], m["bandwidth_gb_s"])
+            b1 = figures.get("decode_b1_tok_s")
+            ratio = f", batch 1 at {b1 / ceiling:.2f}x of it" if b1 else ""
+            print(f"{config:9s} {tree:6s} weights {r['weight_bytes'] / 2**20:7.1f} MiB, bandwidth "
+                  f"{m['bandwidth_gb_s']:.1f} GB/s -> bound {ceiling:.1f} tok/s{ratio}; {figures}", flush=True)
+    if results:
+        any_result = next(iter(results.values()))
+        print(f"machine: {any_result['machine']}")
+        RESULTS.mkdir(exist_ok=True)
+        path = RESULTS / f"decode-{args.label}.json"
+        path.write_text(json.dumps(results, indent=1))
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

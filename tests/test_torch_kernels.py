@@ -1,0 +1,212 @@
+"""The torch backend's C++ kernels against plain torch references, in every variant this CPU can
+run, and their selection by CPU features (QWEN_SERVE_DISABLE_ISA forces features off)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qwen_serve.backends.torch_cpu import native
+from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Int8Linear, Scratch
+from qwen_serve.backends.torch_cpu.kv_storage import TorchKVStorage
+from qwen_serve.backends.torch_cpu.linear import DenseLinear
+from qwen_serve.backends.torch_cpu.native import Kernels, cpu_features, load_kernels
+from qwen_serve.backends.torch_cpu.paged_decode import PagedDecode
+from qwen_serve.quant import int4
+
+KERNELS = load_kernels()
+needs_kernels = pytest.mark.skipif(KERNELS is None, reason="no C++ compiler or no AVX2: the kernels are unavailable")
+needs_avx512 = pytest.mark.skipif(KERNELS is None or KERNELS.isa != "avx512", reason="this CPU lacks AVX-512")
+
+
+def variants() -> dict[str, Kernels]:
+    """Every kernel variant this CPU runs (an AVX-512 CPU also runs the AVX2 ones)."""
+    if KERNELS is None:
+        return {}
+    found = {}
+    if KERNELS.isa == "avx512":
+        if KERNELS.vnni:
+            found["avx512-vnni"] = KERNELS
+        found["avx512"] = Kernels("avx512", False, KERNELS.ops)
+    if {"avx2", "fma", "f16c"} <= cpu_features():
+        found["avx2"] = Kernels("avx2", False, KERNELS.ops)
+    return found
+
+
+VARIANTS = variants()
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def _activations(rows: int, width: int, seed: int) -> torch.Tensor:
+    x = torch.from_numpy(np.random.default_rng(seed).standard_normal((rows, width)).astype(np.float32))
+    x[:, 7] *= 50.0  # an outlier channel
+    return x
+
+
+# int16 activations per group of 64: ~1e-4 relative error even with a 50x outlier channel.
+TOLERANCE = 1e-3
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("out_features", [37, 200, 256])
+def test_int4_kernel_matches_torch_at_every_decode_size(name, out_features):
+    rng = np.random.default_rng(out_features)
+    q = int4.quantize(rng.standard_normal((out_features, 192)).astype(np.float32))
+    reference_weight = torch.from_numpy(int4.dequantize(q))
+    layer = Int4Linear(q, kernels=VARIANTS[name], scratch=Scratch(kernel_rows=64))
+    assert torch.equal(layer.dequantize(), reference_weight)  # the layout keeps every code
+    for rows in range(1, 17):
+        x = _activations(rows, 192, seed=rows)
+        assert _rel(layer(x), x @ reference_weight.T) < TOLERANCE, rows
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("out_features", [37, 200])
+def test_int8_kernel_matches_torch_at_every_decode_size(name, out_features):
+    w = torch.randn(out_features, 128, generator=torch.Generator().manual_seed(out_features))
+    layer = Int8Linear(w, kernels=VARIANTS[name], scratch=Scratch(kernel_rows=64))
+    reference_weight = layer.dequantize()
+    assert _rel(reference_weight, w) < 0.01
+    ids = torch.tensor([0, out_features - 1, 5, 5])
+    assert torch.equal(layer.lookup(ids), reference_weight[ids])
+    for rows in (1, 2, 7, 8, 9, 13, 16):
+        x = _activations(rows, 128, seed=rows)
+        assert _rel(layer(x), x @ reference_weight.T) < TOLERANCE, rows
+
+
+@needs_avx512
+@pytest.mark.skipif("avx512_bf16" not in cpu_features(), reason="this CPU lacks AVX512-BF16")
+@pytest.mark.parametrize("rows", [1, 3, 8, 11, 16])
+def test_bf16_head_kernel_gives_float32_logits(rows):
+    w = torch.randn(301, 96, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    head = DenseLinear(w)
+    head.as_head(KERNELS)
+    assert head.blocked is not None and head.weight is None
+    x = _activations(rows, 96, seed=rows)
+    y = head(x)
+    assert y.dtype == torch.float32
+    # x is rounded to bf16 (w already is); the products are summed in float32.
+    assert _rel(y, x.bfloat16().float() @ w.float().T) < 1e-5
+    ids = torch.tensor([300, 0, 17])
+    assert torch.equal(head.lookup(ids), w.float()[ids])
+
+
+def test_tiles_of_the_blocked_layout_match_when_rows_are_not_whole_blocks():
+    q = int4.quantize(np.random.default_rng(9).standard_normal((200, 128)).astype(np.float32))
+    for kernels in [v for k, v in VARIANTS.items() if k.startswith("avx512")][:1] + [None]:
+        layer = Int4Linear(q, kernels=kernels, scratch=Scratch(floats=128 * 40, gemm_dtype=torch.float32, kernel_rows=0))  # tiles of 32
+        x = _activations(40, 128, seed=3)
+        assert _rel(layer(x), x @ torch.from_numpy(int4.dequantize(q)).T) < 1e-5
+
+
+# --- selection by CPU features ------------------------------------------------------------------
+
+
+@needs_kernels
+@pytest.mark.parametrize("disabled, isa, vnni", [
+    ("", None, None), ("avx512_vnni", "avx512", False), ("avx512", "avx2", False), ("avx512,avx2", None, False),
+])
+def test_disabling_features_selects_the_fallbacks(monkeypatch, disabled, isa, vnni):
+    monkeypatch.setenv(native.DISABLE_ENV, disabled)
+    chosen = load_kernels()
+    if disabled == "":
+        assert chosen == KERNELS
+        return
+    if isa == "avx512" and KERNELS.isa != "avx512":
+        pytest.skip("this CPU lacks AVX-512")
+    if isa is None:
+        assert chosen is None
+    else:
+        assert chosen is not None and chosen.isa == (isa if KERNELS.isa == "avx512" else "avx2")
+        assert chosen.vnni is vnni
+    q = int4.quantize(np.random.default_rng(1).standard_normal((48, 128)).astype(np.float32))
+    layer = Int4Linear(q)  # picks up the forced choice
+    assert layer.kernels == chosen and layer.blocked == (chosen is not None and chosen.isa == "avx512")
+    x = _activations(5, 128, seed=5)
+    assert _rel(layer(x), x @ torch.from_numpy(int4.dequantize(q)).T) < TOLERANCE
+
+
+def test_disabling_bf16_keeps_float32_compute(monkeypatch):
+    monkeypatch.setenv(native.DISABLE_ENV, "avx512_bf16,amx")
+    assert not native.has_fast_bf16_matmul()
+    w = torch.randn(64, 64).bfloat16()
+    layer = DenseLinear(w)
+    layer.prepack()
+    assert layer.dtype == torch.float32 and layer.packed is None  # upcast per call, as without bf16 units
+    x = torch.randn(3, 64)
+    assert _rel(layer(x), x @ w.float().T) < 1e-6
+
+
+# --- paged decode attention ---------------------------------------------------------------------
+
+
+def _gathered_reference(q, storage, layer, tables, lengths):
+    """SDPA over each sequence's history gathered through its block table (the generic path)."""
+    bs, out = storage.block_size, []
+    for b, (table, n) in enumerate(zip(tables, lengths)):
+        slots = (torch.tensor(table)[:, None] * bs + torch.arange(bs)).reshape(-1)[:n]
+        k, v = storage.read(layer, slots)
+        out.append(F.scaled_dot_product_attention(q[b:b + 1, :, None, :], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                                  scale=0.125, enable_gqa=True)[0, :, 0, :])
+    return torch.stack(out)
+
+
+@needs_avx512
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (16, 8, 128), (3, 3, 32)])
+def test_paged_decode_matches_the_gathered_reference(dtype, heads, kv_heads, head_dim):
+    gen = torch.Generator().manual_seed(heads * head_dim)
+    bs, blocks = 16, 40
+    storage = TorchKVStorage(2, kv_heads, head_dim, dtype, bs, 8, blocks)
+    storage.ensure_blocks(blocks)
+    for layer in range(2):
+        storage.keys[layer].copy_(torch.randn(storage.keys[layer].shape, generator=gen))
+        storage.values[layer].copy_(torch.randn(storage.values[layer].shape, generator=gen))
+    order = torch.randperm(blocks, generator=gen).tolist()
+    shared = order[:3]  # a prefix that two sequences hold by reference
+    tables = [shared + order[3:5], shared + order[5:6], order[6:7], order[7:17], order[17:18]]
+    lengths = [16 * 4 + 5, 16 * 3 + 16, 1, 16 * 9 + 11, 16]  # partial and full last blocks
+    padded = torch.zeros((len(tables), max(map(len, tables))), dtype=torch.long)
+    for row, table in zip(padded, tables):
+        row[: len(table)] = torch.tensor(table)
+    q = torch.randn(len(tables), heads, head_dim, generator=gen)
+    paged = PagedDecode(storage, padded, torch.tensor(lengths), KERNELS)
+    for layer in range(2):
+        got = paged.attend(layer, q, 0.125)
+        assert _rel(got, _gathered_reference(q, storage, layer, tables, lengths)) < 1e-5
+
+
+@needs_avx512
+def test_paged_decode_refuses_a_table_outside_the_cache():
+    storage = TorchKVStorage(1, 2, 16, torch.float32, 16, 4, 4)
+    storage.ensure_blocks(4)
+    paged = PagedDecode(storage, torch.tensor([[0, 9]]), torch.tensor([20]), KERNELS)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        paged.attend(0, torch.randn(1, 4, 16), 0.25)
+
+
+# --- whole models: the in-place attention against the generic gather path --------------------------
+
+
+@needs_avx512
+@pytest.mark.parametrize("kv_cache", ["paged", "naive"])
+@pytest.mark.parametrize("dtype, quant", [("float32", "none"), ("bfloat16", "none"), ("float32", "int4")])
+def test_greedy_with_in_place_attention_equals_the_gather_path(qwen3_tiny, monkeypatch, kv_cache, dtype, quant):
+    from qwen_serve import LLM, SamplingParams
+    from qwen_serve.backends.torch_cpu import model as model_module
+
+    llm = LLM(str(qwen3_tiny), kv_cache=kv_cache, dtype=dtype, quant=quant, calibrate=False, chunk_size=64)
+    prompts = [llm.tokenizer.encode("Hello, world!"), llm.tokenizer.encode("The quick brown fox " * 30)]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    seen = []
+    real_layout = model_module.paged_decode_layout
+    monkeypatch.setattr(model_module, "paged_decode_layout", lambda b, c: seen.append(real_layout(b, c)) or seen[-1])
+    in_place = [o.token_ids for o in llm.generate(prompts, params)]
+    assert any(p is not None for p in seen)  # the kernel did run
+    monkeypatch.setattr(model_module, "paged_decode_layout", lambda b, c: None)
+    gathered = [o.token_ids for o in llm.generate(prompts, params)]
+    assert in_place == gathered

@@ -18,6 +18,7 @@ class CompletionOutput:
     text: str
     finish_reason: str | None
     logprobs: list[dict[int, float] | None] | None = None
+    index: int = 0  # which of the prompt's n choices (SamplingParams.n)
 
 
 class LLM:
@@ -43,6 +44,8 @@ class LLM:
         self._ids = itertools.count()
 
     def generate(self, prompts: Sequence[str | Sequence[int]] | str, params: SamplingParams | None = None) -> list[CompletionOutput]:
+        """One CompletionOutput per choice, prompt by prompt and each prompt's n choices in index
+        order: len(prompts) * params.n outputs (one per prompt for the default n = 1)."""
         if isinstance(prompts, str):
             prompts = [prompts]
         token_lists = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
@@ -50,6 +53,7 @@ class LLM:
 
     def chat(self, conversations: Sequence[Sequence[Mapping[str, Any]]], params: SamplingParams | None = None,
              **template_context: Any) -> list[CompletionOutput]:
+        """Shaped as generate's result: n outputs per conversation."""
         if conversations and isinstance(conversations[0], Mapping):
             conversations = [conversations]  # a single conversation
         token_lists = [self.tokenizer.encode_chat(list(c), **template_context) for c in conversations]
@@ -65,6 +69,7 @@ class LLM:
                 text=s.detokenizer.text,
                 finish_reason=s.finish_reason,
                 logprobs=list(s.output_logprobs) if params.logprobs is not None else None,
+                index=s.index,
             )
             for s in seqs
         ]

@@ -44,7 +44,8 @@ class StructuredOutput:
 
     @classmethod
     def json_schema(cls, schema: Mapping[str, Any], after_token_id: int | None = None) -> "StructuredOutput":
-        return cls("json_schema", json.dumps(schema, sort_keys=True), after_token_id=after_token_id)
+        # not sort_keys: the grammar emits properties in the schema's order, which is the caller's
+        return cls("json_schema", json.dumps(schema), after_token_id=after_token_id)
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,15 @@ def test_the_mask_starts_after_after_token_id(llm):
     assert llm.generate([prompt], SamplingParams(max_tokens=12, structured=never))[0].token_ids == free
 
 
+@pytest.mark.parametrize("extra", [{"min_tokens": 60}, {"ignore_eos": True}])
+def test_a_complete_document_ends_the_request_even_when_eos_is_held_back(llm, extra):
+    schema = StructuredOutput.json_schema(SCHEMAS["enums"])
+    out = llm.generate([chat(llm, "Give me an example as JSON: enums.")],
+                       SamplingParams(max_tokens=80, structured=schema, **extra))[0]
+    assert out.finish_reason == "stop" and len(out.token_ids) < 60
+    jsonschema.validate(json.loads(out.text), SCHEMAS["enums"])
+
+
 @pytest.mark.parametrize("structured, needle", [
     (StructuredOutput.json_schema({"type": "array", "uniqueItems": True}), 'response_format json_schema: Unimplemented keys: ["uniqueItems"]'),
     (StructuredOutput.json_schema({"type": "string", "pattern": "a(?=b)"}), "look-around"),

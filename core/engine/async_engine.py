@@ -86,7 +86,8 @@ class AsyncEngine:
                 if isinstance(item, Exception):
                     finished = True
                     raise item
-                unfinished_choices -= item.finished
+                if item.finished:
+                    unfinished_choices -= 1
                 finished = unfinished_choices == 0
                 yield item
         finally:

@@ -3,10 +3,14 @@ field of SamplingParams turned on, in one process, side by side.
 
     python benchmarks/bench_sampling.py                 # SmolLM2 and a 2-layer Qwen3 with the real vocabulary
     python benchmarks/bench_sampling.py --only plain    # plain greedy and sampled rows only (runs on older code too)
+    python benchmarks/bench_sampling.py --only overhead # what the engine adds around the sampler for plain rows
 
 SmolLM2-135M (vocab 49,152) shows the cost inside a real model's step; the tiny Qwen3 (2 layers,
 hidden 64, vocab 151,936) shows the worst case, where the sampler and the logits processors are
-most of the step. Decode tokens/s count only steps in which every sequence decodes one token
+most of the step. "overhead" times, on the same logits of the full-vocabulary model, the
+engine's StepSampler (which asks every row for a logits adjustment first) against the backend's
+sampler called directly, alternating 200 times: the cost plain requests pay for the processors
+that do not apply to them, free of the run-to-run noise of whole decode runs. Decode tokens/s count only steps in which every sequence decodes one token
 (prefill steps are left out); each figure is the best of REPEATS runs, since on a 2-core machine
 another busy process slows a run by a lot and the best keeps the quiet ones.
 """
@@ -74,9 +78,37 @@ def configurations(only_plain: bool) -> dict:
     return configs
 
 
+def dispatch_overhead(llm) -> None:
+    import statistics
+
+    import torch
+
+    from qwen_serve import SamplingParams
+
+    engine = llm.engine
+    prompts = bench_prompts(llm, BATCH)
+    for name, params in (("greedy", SamplingParams(max_tokens=4)), ("sampled", SamplingParams(temperature=0.8, top_p=0.95,
+                                                                                                max_tokens=4))):
+        seqs = [engine.add_request(f"overhead-{name}-{i}", p, params) for i, p in enumerate(prompts)]
+        logits = torch.randn(BATCH, llm.config.vocab_size) * 3
+        direct, through = [], []
+        for _ in range(200 if name == "greedy" else 20):
+            start = time.perf_counter()
+            engine.sampler.sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+            direct.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            engine.step_sampler.sample(logits, seqs)
+            through.append(time.perf_counter() - start)
+        for seq in seqs:
+            engine.abort(seq.request_id)
+        d, t = statistics.median(direct) * 1e3, statistics.median(through) * 1e3
+        print(f"{'overhead, vocab ' + str(llm.config.vocab_size):30s} {name:8s} batch {BATCH}: sampler {d:.3f} ms, "
+              f"through the engine's StepSampler {t:.3f} ms (+{(t - d) * 1e3:.0f} us per step)", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("plain",))
+    parser.add_argument("--only", choices=("plain", "overhead"))
     args = parser.parse_args()
     from qwen_serve import LLM
     from qwen_serve.conformance.models import smollm2_gguf
@@ -84,6 +116,9 @@ def main() -> None:
     print(f"## batch-{BATCH} decode tokens/s ({cpu_description()})")
     with tempfile.TemporaryDirectory() as tmp:
         models = {"SmolLM2-135M": str(smollm2_gguf()), "Qwen3 2-layer, vocab 151,936": tiny_qwen3_full_vocab(Path(tmp))}
+        if args.only == "overhead":
+            dispatch_overhead(LLM(models["Qwen3 2-layer, vocab 151,936"], prefix_cache=False))
+            return
         for label, path in models.items():
             llm = LLM(path, prefix_cache=False)
             prompts = bench_prompts(llm, BATCH)

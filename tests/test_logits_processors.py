@@ -218,6 +218,13 @@ def test_min_tokens_holds_eos_back_and_ignore_eos_runs_to_max_tokens(llm):
     assert eos & set(through.token_ids[:-1])  # it generated EOS and went on
 
 
+def test_min_tokens_holds_stop_strings_back_too(llm):
+    prompt = chat(llm, "Hi")
+    assert llm.generate([prompt], SamplingParams(max_tokens=30, stop="!"))[0].text == "Hello"
+    held = llm.generate([prompt], SamplingParams(max_tokens=30, stop=["!", "?"], min_tokens=5))[0]
+    assert held.text == "Hello! How can I assist you today" and held.finish_reason == "stop"
+
+
 def test_seeded_penalized_rows_are_batch_invariant(llm):
     prompts = [chat(llm, t) for t in ("Write the word banana ten times.", "Hi", "Name three colors.")]
     params = SamplingParams(temperature=0.9, seed=11, max_tokens=20, ignore_eos=True, presence_penalty=0.7,

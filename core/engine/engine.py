@@ -125,7 +125,7 @@ class Engine:
                 prompt_token_ids=prompt,
                 params=params,
                 generator=self.sampler.make_generator(seed + index),
-                detokenizer=IncrementalDetokenizer(self.tokenizer.decode, params.stop),
+                detokenizer=IncrementalDetokenizer(self.tokenizer.decode, params.stop, params.min_tokens),
                 index=index,
             )
             if arrival_time is not None:

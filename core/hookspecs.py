@@ -19,3 +19,9 @@ def register_backends(register: Callable[..., None]) -> None:
 @hookspec
 def register_kv_caches(register: Callable[..., None]) -> None:
     """Call register(name, factory) for each KV cache; factory(storage, engine_config) -> KVCache."""
+
+
+@hookspec
+def register_logits_processors(register: Callable[..., None]) -> None:
+    """Call register(name, factory) for each logits processor; factory(model_config, tokenizer) ->
+    LogitsProcessor (core/protocols.py), built once per engine."""

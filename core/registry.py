@@ -25,6 +25,7 @@ BUILTIN_PLUGINS = {
     "torch": "qwen_serve.backends.torch_cpu.plugin",
     "mlx": "qwen_serve.backends.mlx.plugin",
     "kv_caches": "qwen_serve.kv.plugin",
+    "logits_processors": "qwen_serve.logits.plugin",
 }
 
 
@@ -47,12 +48,20 @@ class KVCacheEntry:
     plugin: str = ""
 
 
+@dataclass(frozen=True)
+class LogitsProcessorEntry:
+    name: str
+    factory: Callable[..., Any]  # factory(model_config, tokenizer) -> LogitsProcessor
+    plugin: str = ""
+
+
 @dataclass
 class Registry:
     """Everything the loaded plugins registered, by name."""
 
     backends: dict[str, BackendEntry] = field(default_factory=dict)
     kv_caches: dict[str, KVCacheEntry] = field(default_factory=dict)
+    logits_processors: dict[str, LogitsProcessorEntry] = field(default_factory=dict)  # applied in this order
     plugin_manager: pluggy.PluginManager | None = None
 
     def backend(self, name: str) -> Any:
@@ -123,10 +132,15 @@ def load_registry(env: Mapping[str, str] | None = None, pm: pluggy.PluginManager
             _claim(registry.kv_caches, name, "KV cache", _p)
             registry.kv_caches[name] = KVCacheEntry(name, factory, _p)
 
+        def register_logits_processor(name: str, factory: Callable[..., Any], _p=plugin_name):
+            _claim(registry.logits_processors, name, "logits processor", _p)
+            registry.logits_processors[name] = LogitsProcessorEntry(name, factory, _p)
+
         caller = pm.subset_hook_caller
         others = [p for p in pm.get_plugins() if p is not plugin]
         caller("register_backends", remove_plugins=others)(register=register_backend)
         caller("register_kv_caches", remove_plugins=others)(register=register_kv_cache)
+        caller("register_logits_processors", remove_plugins=others)(register=register_logits_processor)
     return registry
 
 

@@ -10,7 +10,7 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -636,3 +636,78 @@ def test_check5_worst_case_fills_pool_exactly():
     for seq in range(32):
         cache.free(seq)
     assert cache.usage().used == 0
+
+
+# ------------------------------------------------------------------------------------------
+# The engine's use of fork: n choices, preemption and aborts in a small pool
+# ------------------------------------------------------------------------------------------
+ENGINE_PROMPTS = [(5, 6, 7, 8) * 5, (5, 6, 7, 8) * 4 + (9, 10, 11), (12, 13) * 9, (14,) * 3]
+
+
+@pytest.fixture(scope="module")
+def engine_reference(qwen3_tiny):
+    """Tokens of each (prompt, seed, max_tokens) run alone in a large pool, computed on demand."""
+    from qwen_serve import LLM, SamplingParams
+
+    llm = LLM(str(qwen3_tiny), prefix_cache=False)
+    memo: dict = {}
+
+    def expected(prompt, seed, max_tokens):
+        key = (prompt, seed, max_tokens)
+        if key not in memo:
+            params = SamplingParams(temperature=1.0, seed=seed, max_tokens=max_tokens, ignore_eos=True)
+            memo[key] = llm.generate([list(prompt)], params)[0].token_ids
+        return memo[key]
+
+    return expected
+
+
+engine_requests = st.lists(st.tuples(st.sampled_from(range(len(ENGINE_PROMPTS))), st.integers(1, 3),
+                                     st.integers(1, 12), st.one_of(st.none(), st.integers(0, 8))),
+                           min_size=1, max_size=5)
+
+
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests=engine_requests, kv_blocks=st.integers(6, 10), prefix_cache=st.booleans())
+def test_engine_forks_preempts_and_aborts_without_losing_a_block(qwen3_tiny, engine_reference, requests, kv_blocks,
+                                                                 prefix_cache):
+    """Requests of 1-3 choices (seed 100 + request, choice i draws from seed + i), some aborted
+    after a few steps: at every step ref counts equal the block tables holding each block and
+    used + free == total; at the end only prefix-cache blocks are used, and every choice that ran
+    to the end produced exactly what it produces alone."""
+    from qwen_serve import LLM, SamplingParams
+
+    llm = LLM(str(qwen3_tiny), kv_blocks=kv_blocks, prefix_cache=prefix_cache, chunk_size=8, step_budget=16)
+    engine, cache = llm.engine, llm.parts.cache
+    aborts = {}
+    for i, (prompt, n, max_tokens, abort_after) in enumerate(requests):
+        params = SamplingParams(temperature=1.0, seed=100 + i, max_tokens=max_tokens, ignore_eos=True, n=n)
+        engine.add_request(f"r{i}", list(ENGINE_PROMPTS[prompt]), params)
+        if abort_after is not None:
+            aborts.setdefault(abort_after, []).append(f"r{i}")
+    choices = {f"r{i}": list(engine.sequences[f"r{i}"]) for i in range(len(requests))}
+    steps = 0
+    while engine.has_unfinished():
+        for request_id in aborts.pop(steps, []):
+            engine.abort(request_id)
+        engine.step()
+        steps += 1
+        assert steps < 500
+        holders = [0] * kv_blocks
+        for seq_id in cache.sequence_ids():
+            for block in cache.block_table(seq_id):
+                holders[block] += 1
+        assert holders == cache.pool.ref_cnt
+        usage = cache.usage()
+        assert usage.used + usage.free == usage.total == kv_blocks
+    usage = cache.usage()
+    event(f"preempted: {engine.scheduler.num_preemptions > 0}")
+    event(f"copied on write: {usage.cow_copies > 0}")
+    event(f"aborted while running: {any(s.finish_reason == 'abort' for c in choices.values() for s in c)}")
+    assert usage.used == usage.cached and cache.sequence_ids() == []
+    if not prefix_cache:
+        assert usage.used == 0
+    for i, (prompt, n, max_tokens, _) in enumerate(requests):
+        for seq in choices[f"r{i}"]:
+            if seq.finish_reason != "abort":
+                assert seq.output_token_ids == engine_reference(ENGINE_PROMPTS[prompt], 100 + i + seq.index, max_tokens)

@@ -1,5 +1,6 @@
-"""Sampling in the fixed order of SPEC §3: temperature 0 -> argmax (first maximum); otherwise
-logits / T -> top-k -> softmax -> top-p (at least one token kept) -> one draw.
+"""Sampling in the fixed order of SPEC §10: the logits processors' adjustment (penalties, biases,
+grammar masks) on the whole batch at once, then temperature 0 -> argmax (first maximum); otherwise
+logits / T -> top-k -> softmax -> top-p (at least one token kept) -> min-p -> one draw.
 
 A request's randomness is an MLX PRNG key made once from its seed and split for every draw,
 so the same seed replays the same draws whatever else shares the batch.
@@ -9,8 +10,10 @@ from __future__ import annotations
 from typing import Sequence
 
 import mlx.core as mx
+import numpy as np
 
 from qwen_serve.engine.sampling_params import SamplingParams
+from qwen_serve.logits.adjustment import BatchAdjustment
 from qwen_serve.protocols import SampleResult
 
 
@@ -31,16 +34,17 @@ class MLXSampler:
     def make_generator(self, seed: int) -> RequestKey:
         return RequestKey(seed)
 
-    def sample(self, logits: mx.array, params: Sequence[SamplingParams], generators: Sequence[RequestKey]) -> SampleResult:
-        logits = logits.astype(mx.float32)
-        greedy = mx.argmax(logits, axis=-1).tolist() if any(p.greedy for p in params) else []
+    def sample(self, logits: mx.array, params: Sequence[SamplingParams], generators: Sequence[RequestKey],
+               adjustment: BatchAdjustment | None = None) -> SampleResult:
+        raw = logits.astype(mx.float32)
+        adjusted = raw if adjustment is None else apply_adjustment(raw, adjustment)
+        greedy = mx.argmax(adjusted, axis=-1).tolist() if any(p.greedy for p in params) else []
         tokens: list[int] = []
         logprobs: list[dict[int, float] | None] = []
         for i, (p, key) in enumerate(zip(params, generators)):
-            row = logits[i]
-            token = greedy[i] if p.greedy else self._draw(row, p, key)
+            token = greedy[i] if p.greedy else self._draw(adjusted[i], p, key)
             tokens.append(token)
-            logprobs.append(None if p.logprobs is None else top_logprobs(row, p.logprobs, token))
+            logprobs.append(None if p.logprobs is None else top_logprobs(raw[i], p.logprobs, token))
         return SampleResult(tokens, logprobs)
 
     @staticmethod
@@ -60,8 +64,28 @@ class MLXSampler:
                 probs = probs[order]
                 mass_before = mx.cumsum(probs) - probs
                 probs = mx.where(mass_before >= p.top_p, 0.0, probs)  # index 0 always stays
+            if p.min_p > 0:  # top-p never removes the most likely token, so the max is softmax's
+                probs = mx.where(probs < p.min_p * probs.max(), 0.0, probs)
             index = mx.random.categorical(mx.log(probs).astype(mx.float32), key=key.next())
             return int((index if order is None else order[index]).item())
+
+
+def apply_adjustment(logits: mx.array, adjustment: BatchAdjustment) -> mx.array:
+    """float32 logits [batch, vocab] with penalties, then biases, then masks applied (a new array)."""
+    a = adjustment
+    if len(a.penalty_rows):
+        rows, ids = mx.array(a.penalty_rows), mx.array(a.penalty_ids)
+        picked, factors = logits[rows, ids], mx.array(a.penalty_factors)
+        negative = picked < 0  # transformers' arithmetic: x * p below zero, x / p otherwise
+        logits = logits.at[rows, ids].multiply(mx.where(negative, factors, 1.0))
+        logits = logits.at[rows, ids].divide(mx.where(negative, 1.0, factors))
+    if len(a.bias_rows):
+        logits = logits.at[mx.array(a.bias_rows), mx.array(a.bias_ids)].add(mx.array(a.bias_values))
+    if len(a.mask_rows):
+        allowed = np.ones(logits.shape, dtype=bool)
+        allowed[a.mask_rows] = a.allowed_tokens(logits.shape[1])
+        logits = mx.where(mx.array(allowed), logits, -mx.inf)
+    return logits
 
 
 def top_logprobs(row: mx.array, k: int, chosen: int) -> dict[int, float]:

@@ -1,6 +1,7 @@
-"""Sampling in the fixed order of SPEC §3: temperature 0 -> argmax; otherwise
-logits / T -> top-k -> softmax -> top-p (at least one token kept) -> one draw from the
-request's own generator."""
+"""Sampling in the fixed order of SPEC §10: the logits processors' adjustment (penalties, biases,
+grammar masks) on the whole batch at once, then temperature 0 -> argmax; otherwise logits / T ->
+top-k -> softmax -> top-p (at least one token kept) -> min-p -> one draw from the request's own
+generator."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -8,6 +9,7 @@ from typing import Sequence
 import torch
 
 from qwen_serve.engine.sampling_params import SamplingParams
+from qwen_serve.logits.adjustment import BatchAdjustment
 from qwen_serve.protocols import SampleResult
 
 
@@ -18,31 +20,58 @@ class TorchSampler:
         return generator
 
     def sample(
-        self, logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator]
+        self, logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator],
+        adjustment: BatchAdjustment | None = None,
     ) -> SampleResult:
-        logits = logits.float()
+        raw = logits.float()
+        adjusted = raw if adjustment is None else apply_adjustment(raw, adjustment)
         tokens: list[int] = []
         logprobs: list[dict[int, float] | None] = []
-        for row, p, generator in zip(logits, params, generators):
+        for row, raw_row, p, generator in zip(adjusted, raw, params, generators):
             token = int(torch.argmax(row)) if p.greedy else self._draw(row, p, generator)
             tokens.append(token)
-            logprobs.append(None if p.logprobs is None else top_logprobs(row, p.logprobs, token))
+            logprobs.append(None if p.logprobs is None else top_logprobs(raw_row, p.logprobs, token))
         return SampleResult(tokens, logprobs)
 
     @staticmethod
     def _draw(row: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
-        # float64 and max-subtracted: a temperature as small as 1e-300 must not overflow to NaN
-        scaled = (row.double() - row.max()) / p.temperature
-        if 0 < p.top_k < scaled.numel():
-            kth = torch.topk(scaled, p.top_k).values[-1]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
-        if p.top_p < 1.0:
-            sorted_probs, order = torch.sort(probs, descending=True)
-            mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-            sorted_probs = sorted_probs.masked_fill(mass_before >= p.top_p, 0.0)  # index 0 always stays
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        return int(torch.multinomial(probs, 1, generator=generator))
+        return int(torch.multinomial(distribution(row, p), 1, generator=generator))
+
+
+def distribution(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The weights a sampled row draws from (float64, not normalized after top-p / min-p)."""
+    # float64 and max-subtracted: a temperature as small as 1e-300 must not overflow to NaN
+    scaled = (row.double() - row.max()) / p.temperature
+    if 0 < p.top_k < scaled.numel():
+        kth = torch.topk(scaled, p.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if p.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(mass_before >= p.top_p, 0.0)  # index 0 always stays
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    if p.min_p > 0:  # top-p never removes the most likely token, so the max is softmax's
+        probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+    return probs
+
+
+def apply_adjustment(logits: torch.Tensor, adjustment: BatchAdjustment) -> torch.Tensor:
+    """A copy of float32 logits [batch, vocab] with penalties, then biases, then masks applied."""
+    out = logits.clone()
+    a = adjustment
+    if len(a.penalty_rows):
+        rows, ids = torch.from_numpy(a.penalty_rows), torch.from_numpy(a.penalty_ids)
+        picked, factors = out[rows, ids], torch.from_numpy(a.penalty_factors)
+        out[rows, ids] = torch.where(picked < 0, picked * factors, picked / factors)  # transformers' arithmetic
+    if len(a.bias_rows):
+        rows, ids = torch.from_numpy(a.bias_rows), torch.from_numpy(a.bias_ids)
+        out[rows, ids] += torch.from_numpy(a.bias_values)  # (row, id) pairs are unique
+    if len(a.mask_rows):
+        rows = torch.from_numpy(a.mask_rows)
+        allowed = torch.from_numpy(a.allowed_tokens(out.shape[1]))
+        out[rows] = out[rows].masked_fill(~allowed, float("-inf"))
+    return out
 
 
 def top_logprobs(row: torch.Tensor, k: int, chosen: int) -> dict[int, float]:

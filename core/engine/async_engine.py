@@ -46,6 +46,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._sinks: dict[str, Callable[[RequestOutput | Exception], None]] = {}
+        self._unfinished_choices: dict[str, int] = {}
         self.throughput = ThroughputWindow(seconds=10.0)
         self.snapshot = EngineSnapshot.take(engine, self.throughput)
         self._thread = threading.Thread(target=self._run, name="qwen-serve-engine", daemon=True)
@@ -62,7 +63,8 @@ class AsyncEngine:
     def generate(self, request_id: str, prompt: Sequence[int], params: SamplingParams,
                  arrival_time: float) -> AsyncGenerator[RequestOutput, None]:
         """Validates now (raises InvalidRequest before anything is queued or sent), then returns
-        the request's outputs. Closing the generator early (client gone) aborts the request:
+        the request's outputs: with n > 1 the choices' outputs interleave (RequestOutput.index),
+        and the iterator ends when every choice has finished. Closing the generator early (client gone) aborts the request:
         use it under contextlib.aclosing so that happens at once."""
         checked = self.engine.check_request(prompt, params)
         return self._stream(request_id, checked, params, arrival_time)
@@ -77,13 +79,16 @@ class AsyncEngine:
 
         self._send(_Add(request_id, prompt, params, arrival_time, deliver))
         finished = False
+        unfinished_choices = params.n
         try:
             while not finished:
                 item = await outputs.get()
                 if isinstance(item, Exception):
                     finished = True
                     raise item
-                finished = item.finished
+                if item.finished:
+                    unfinished_choices -= 1
+                finished = unfinished_choices == 0
                 yield item
         finally:
             if not finished:
@@ -114,8 +119,11 @@ class AsyncEngine:
                 sink = self._sinks.get(out.request_id)
                 if sink is not None:
                     sink(out)
-                if out.finished:
-                    self._sinks.pop(out.request_id, None)
+                if out.finished and out.request_id in self._unfinished_choices:
+                    self._unfinished_choices[out.request_id] -= 1
+                    if self._unfinished_choices[out.request_id] == 0:
+                        del self._unfinished_choices[out.request_id]
+                        self._sinks.pop(out.request_id, None)
 
     def _apply_commands(self) -> None:
         while True:
@@ -125,6 +133,7 @@ class AsyncEngine:
                 return
             if isinstance(command, _Abort):
                 self._sinks.pop(command.request_id, None)
+                self._unfinished_choices.pop(command.request_id, None)
                 self.engine.abort(command.request_id)
                 continue
             try:
@@ -133,9 +142,11 @@ class AsyncEngine:
                 command.deliver(exc)
                 continue
             self._sinks[command.request_id] = command.deliver
+            self._unfinished_choices[command.request_id] = command.params.n
 
     def _fail_all(self, exc: Exception) -> None:
         for request_id, sink in list(self._sinks.items()):
             self.engine.abort(request_id)
             sink(EngineFailure(f"internal error while generating: {type(exc).__name__}"))
         self._sinks.clear()
+        self._unfinished_choices.clear()

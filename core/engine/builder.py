@@ -66,7 +66,8 @@ def build_engine(
         executor = compute.load_model(checkpoint, dtype=dtype, quant=quant, importance=importance)
     storage = compute.create_kv_storage(checkpoint.config, dtype, config.block_size, config.slab_blocks, config.kv_blocks)
     cache = cache_factory(storage, config)
-    engine = Engine(executor, cache, compute.create_sampler(), checkpoint.tokenizer, config)
+    processors = [entry.factory(checkpoint.config, checkpoint.tokenizer) for entry in registry.logits_processors.values()]
+    engine = Engine(executor, cache, compute.create_sampler(), checkpoint.tokenizer, config, processors)
     return EngineParts(engine, compute, executor, cache, checkpoint.tokenizer, checkpoint,
                        checkpoint.config, config, registry)
 

@@ -12,9 +12,12 @@ REPLACEMENT = "\ufffd"
 
 
 class IncrementalDetokenizer:
-    def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = ()) -> None:
+    def __init__(self, decode: Callable[[Sequence[int]], str], stop: Sequence[str] = (), min_tokens: int = 0) -> None:
+        """Stop strings count only once more than min_tokens tokens were added (as vLLM's
+        min_tokens, which holds back EOS and stop token ids too)."""
         self._decode = decode
         self.stop = tuple(stop)
+        self.min_tokens = min_tokens
         self._ids: list[int] = []
         self._stable_ids = 0  # ids[:_stable_ids] decode to _stable_text, ending on a whole char
         self._stable_text = ""
@@ -35,7 +38,7 @@ class IncrementalDetokenizer:
         if not tail.endswith(REPLACEMENT):
             self._stable_ids = len(self._ids)
             self._stable_text = self.text
-        if self.stop:
+        if self.stop and len(self._ids) > self.min_tokens:
             self._find_stop(previous_len)
 
     def _find_stop(self, previous_len: int) -> None:

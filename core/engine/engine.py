@@ -10,9 +10,13 @@ from typing import Sequence as Seq
 
 from ..config import EngineConfig, ModelConfig
 from ..errors import InvalidRequest
+from ..logits.pipeline import LogitsPipeline
+from ..logits.plugin import builtin_logits_processors
 from ..models.tokenizer import Tokenizer
-from ..protocols import KVCache, ModelExecutor, PrefixCaching, Sampler
+from ..protocols import Forking, KVCache, LogitsProcessor, ModelExecutor, PrefixCaching, Sampler
+from .choices import blocks_for_choices
 from .detokenizer import IncrementalDetokenizer
+from .sampling import StepSampler
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence
@@ -52,7 +56,10 @@ class Engine:
         sampler: Sampler,
         tokenizer: Tokenizer,
         config: EngineConfig,
+        logits_processors: Seq[LogitsProcessor] | None = None,
     ) -> None:
+        """logits_processors: None means the built-in ones (penalties, logit_bias, min_tokens,
+        structured output); the builder passes every registered one."""
         self.executor = executor
         self.cache = cache
         self.sampler = sampler
@@ -61,7 +68,11 @@ class Engine:
         self.model_config: ModelConfig = executor.config
         self.max_seq_len = config.resolved_max_seq_len(self.model_config)
         self.scheduler = Scheduler(cache, config)
-        self.sequences: dict[str, Sequence] = {}
+        if logits_processors is None:
+            logits_processors = builtin_logits_processors(self.model_config, tokenizer)
+        self.logits = LogitsPipeline(logits_processors)
+        self.step_sampler = StepSampler(sampler, self.logits)
+        self.sequences: dict[str, list[Sequence]] = {}  # request id -> its choices, until all finish
         self.stats = EngineStats()
         self._seq_ids = itertools.count()
         self._seed_source = random.Random(config.seed)
@@ -75,40 +86,61 @@ class Engine:
         vocab = self.model_config.vocab_size
         if any(t < 0 or t >= vocab for t in prompt):
             raise InvalidRequest(f"prompt token ids must be in [0, {vocab})")
-        unimplemented = [name for name, on in (
-            ("n > 1", params.n > 1), ("penalties and logit_bias", params.penalized), ("min_p", params.min_p > 0),
-            ("stop_token_ids", bool(params.stop_token_ids)), ("min_tokens", params.min_tokens > 0),
-            ("structured output", params.structured is not None)) if on]
-        if unimplemented:  # fields of the SamplingParams contract that the engine does not act on yet
-            raise InvalidRequest(f"not supported yet: {', '.join(unimplemented)}")
         total = len(prompt) + params.max_tokens
         if total > self.max_seq_len or not self.cache.can_fit(total):
             raise InvalidRequest(
                 f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} tokens "
                 f"exceeds the maximum sequence length of {self.max_seq_len} tokens"
             )
+        if params.n > 1:
+            blocks = blocks_for_choices(len(prompt), params.max_tokens, params.n, self.cache.block_size)
+            if not self.cache.can_fit(blocks * self.cache.block_size):
+                raise InvalidRequest(
+                    f"n = {params.n} choices of prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) "
+                    f"need {blocks} KV blocks of {self.cache.block_size} tokens, more than the pool holds",
+                    param="n")
+        self.logits.validate(params)
         return prompt
 
     def add_request(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
                     arrival_time: float | None = None) -> Sequence:
+        """Queue a request; returns its first choice (all n: ``add_choices``)."""
+        return self.add_choices(request_id, prompt_token_ids, params, arrival_time)[0]
+
+    def add_choices(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> list[Sequence]:
+        """Queue a request as its n choices. Choice i draws from seed + i (a fresh seed when none
+        is given), so with a seed it equals a single request with seed + i. Where the cache can
+        fork and the n fit in one batch, choice 0 prefills the prompt alone and the others fork
+        its blocks once it is computed; otherwise each choice is an independent sequence."""
         prompt = self.check_request(prompt_token_ids, params)
         if request_id in self.sequences:
             raise InvalidRequest(f"request id {request_id!r} is already running")
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
-        seq = Sequence(
-            seq_id=next(self._seq_ids),
-            request_id=request_id,
-            prompt_token_ids=prompt,
-            params=params,
-            generator=self.sampler.make_generator(seed),
-            detokenizer=IncrementalDetokenizer(self.tokenizer.decode, params.stop),
-        )
-        if arrival_time is not None:
-            seq.arrival_time = arrival_time
-        self.sequences[request_id] = seq
-        self.scheduler.add(seq)
+        choices = []
+        for index in range(params.n):
+            seq = Sequence(
+                seq_id=next(self._seq_ids),
+                request_id=request_id,
+                prompt_token_ids=prompt,
+                params=params,
+                generator=self.sampler.make_generator(seed + index),
+                detokenizer=IncrementalDetokenizer(self.tokenizer.decode, params.stop, params.min_tokens),
+                index=index,
+            )
+            if arrival_time is not None:
+                seq.arrival_time = arrival_time
+            seq.logits_states = self.logits.start(seq)
+            choices.append(seq)
+        self.sequences[request_id] = choices
+        if params.n > 1 and isinstance(self.cache, Forking) and params.n <= self.config.max_batch:
+            choices[0].forks = choices[1:]
+            self.scheduler.add(choices[0])
+        else:
+            for seq in choices:
+                self.scheduler.add(seq)
         self.stats.requests_total += 1
-        return seq
+        return choices
 
     def run(self, requests: Seq[tuple[str, Seq[int], SamplingParams]]) -> list[Sequence]:
         """Add the requests and step until all of them finish (the offline, blocking path). On
@@ -116,7 +148,7 @@ class Engine:
         seqs: list[Sequence] = []
         try:
             for request_id, tokens, params in requests:
-                seqs.append(self.add_request(request_id, tokens, params))
+                seqs.extend(self.add_choices(request_id, tokens, params))
             while any(not s.is_finished for s in seqs):
                 self.step()
         finally:
@@ -126,11 +158,13 @@ class Engine:
         return seqs
 
     def abort(self, request_id: str) -> bool:
-        """Cancel a request; its blocks return to the pool at once."""
-        seq = self.sequences.pop(request_id, None)
-        if seq is None:
+        """Cancel a request, every choice of it; their blocks return to the pool at once."""
+        choices = self.sequences.pop(request_id, None)
+        if choices is None:
             return False
-        self.scheduler.finish(seq, "abort")
+        for seq in choices:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
         return True
 
     def has_unfinished(self) -> bool:
@@ -144,7 +178,7 @@ class Engine:
         logits = self.executor.execute(batch, self.cache)
         by_id = {s.seq_id: s for s in self.scheduler.running}
         sampled = [by_id[c.seq_id] for c in batch.chunks if c.sample]
-        tokens, logprobs = self._sample(logits, sampled)
+        tokens, logprobs = self.step_sampler.sample(logits, sampled)
         self.stats.steps_total += 1
 
         for chunk in batch.chunks:
@@ -159,34 +193,39 @@ class Engine:
 
         outputs = []
         now = time.monotonic()
-        for seq, token, lp in zip(sampled, tokens, logprobs):
-            if token is None:  # this request's sampling failed; the others go on
-                self.scheduler.finish(seq, "error")
-                self.sequences.pop(seq.request_id, None)
-                outputs.append(RequestOutput(seq.request_id, [], seq.detokenizer.release(final=True), True, "error"))
-            else:
-                outputs.append(self._append_token(seq, token, lp, now))
+        for row, (seq, token, lp) in enumerate(zip(sampled, tokens, logprobs)):
+            forked = self._fork_choices(seq, logits[row:row + 1]) if seq.forks else []
+            outputs.append(self._postprocess(seq, token, lp, now))
+            outputs.extend(self._postprocess(child, t, c_lp, now) for child, t, c_lp in forked)
         return outputs
 
-    def _sample(self, logits, sampled: list[Sequence]) -> tuple[list[int | None], list[dict[int, float] | None]]:
-        """All rows at once; if that raises, row by row so one bad request fails alone."""
-        try:
-            result = self.sampler.sample(logits, [s.params for s in sampled], [s.generator for s in sampled])
-            return list(result.token_ids), list(result.logprobs or [None] * len(sampled))
-        except Exception:
-            log.exception("sampling a batch of %d rows failed; retrying row by row", len(sampled))
-        tokens: list[int | None] = []
-        logprobs: list[dict[int, float] | None] = []
-        for i, seq in enumerate(sampled):
-            try:
-                result = self.sampler.sample(logits[i:i + 1], [seq.params], [seq.generator])
-                tokens.append(result.token_ids[0])
-                logprobs.append(result.logprobs[0] if result.logprobs else None)
-            except Exception:
-                log.exception("sampling failed for request %s", seq.request_id)
-                tokens.append(None)
-                logprobs.append(None)
-        return tokens, logprobs
+    def _fork_choices(self, seq: Sequence, row_logits) -> list[tuple[Sequence, int | None, dict | None]]:
+        """seq's prompt is computed: its other choices share its blocks (copy-on-write) and draw
+        their first tokens from the same logits, each with its own generator and processors."""
+        children, seq.forks = seq.forks, []
+        drawn = []
+        for child in children:
+            self.cache.fork(seq.seq_id, child.seq_id)
+            child.num_computed = seq.num_computed
+            child.num_cached_prompt_tokens = seq.num_cached_prompt_tokens
+            self.scheduler.adopt(child)
+            tokens, logprobs = self.step_sampler.sample(row_logits, [child])
+            drawn.append((child, tokens[0], logprobs[0]))
+        return drawn
+
+    def _postprocess(self, seq: Sequence, token: int | None, logprobs: dict[int, float] | None,
+                     now: float) -> RequestOutput:
+        if token is None:  # this request's sampling failed; the others go on
+            self._retire(seq, "error")
+            return RequestOutput(seq.request_id, [], seq.detokenizer.release(final=True), True, "error",
+                                 index=seq.index)
+        return self._append_token(seq, token, logprobs, now)
+
+    def _retire(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        choices = self.sequences.get(seq.request_id)
+        if choices is not None and all(s.is_finished for s in choices):
+            del self.sequences[seq.request_id]
 
     def _append_token(self, seq: Sequence, token: int, logprobs: dict[int, float] | None, now: float) -> RequestOutput:
         if seq.first_token_time is None:
@@ -194,17 +233,29 @@ class Engine:
         seq.output_token_ids.append(token)
         seq.output_logprobs.append(logprobs)
         reason = None
-        if token in self.model_config.eos_token_ids and not seq.params.ignore_eos:
-            reason = "stop"
+        verdict = self._advance_logits_states(seq, token)
+        if verdict == "error":
+            reason = "error"
+        elif (token in self.model_config.eos_token_ids and not seq.params.ignore_eos) or token in seq.params.stop_token_ids:
+            reason = "stop"  # the token ends the text without being part of it
         else:
             seq.detokenizer.add(token)
-            if seq.detokenizer.stopped_by is not None:
+            if seq.detokenizer.stopped_by is not None or verdict == "complete":
                 reason = "stop"
             elif len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
                 reason = "length"
         if reason is not None:
-            self.scheduler.finish(seq, reason)
-            self.sequences.pop(seq.request_id, None)
+            self._retire(seq, reason)
         text = seq.detokenizer.release(final=reason is not None)
         return RequestOutput(seq.request_id, [token], text, reason is not None, reason, [logprobs],
-                             num_cached_tokens=seq.num_cached_prompt_tokens)
+                             index=seq.index, num_cached_tokens=seq.num_cached_prompt_tokens)
+
+    def _advance_logits_states(self, seq: Sequence, token: int) -> str | None:
+        """"complete" when a processor says nothing but EOS may follow, "error" when one rejects the token."""
+        if not seq.logits_states:
+            return None
+        try:
+            return "complete" if self.logits.accept(seq.logits_states, token) else None
+        except Exception:
+            log.exception("logits processing rejected token %d of request %s", token, seq.request_id)
+            return "error"

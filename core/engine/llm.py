@@ -29,6 +29,7 @@ class CompletionOutput:
     finish_reason: str | None
     logprobs: list[dict[int, float] | None] | None = None
     message: "ChatMessage | None" = None  # from LLM.chat: reasoning_content, content, tool_calls
+    index: int = 0  # which of the prompt's n choices (SamplingParams.n)
 
 
 class LLM:
@@ -63,6 +64,8 @@ class LLM:
         return ChatFormat(self.tokenizer, *self._parser_names)
 
     def generate(self, prompts: Sequence[str | Sequence[int]] | str, params: SamplingParams | None = None) -> list[CompletionOutput]:
+        """One CompletionOutput per choice, prompt by prompt and each prompt's n choices in index
+        order: len(prompts) * params.n outputs (one per prompt for the default n = 1)."""
         if isinstance(prompts, str):
             prompts = [prompts]
         token_lists = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
@@ -72,7 +75,8 @@ class LLM:
              tools: Sequence[Mapping[str, Any]] | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
              **template_context: Any) -> list[CompletionOutput]:
         """Conversations and tools in the OpenAI request shapes (validated the same way: a bad
-        one raises InvalidRequest); keyword arguments also reach the template."""
+        one raises InvalidRequest); keyword arguments also reach the template. Shaped as
+        generate's result: n outputs per conversation."""
         from ..openai.messages import parse_messages
         from ..openai.tools import parse_tools
 
@@ -98,6 +102,7 @@ class LLM:
                 text=s.detokenizer.text,
                 finish_reason=s.finish_reason,
                 logprobs=list(s.output_logprobs) if params.logprobs is not None else None,
+                index=s.index,
             )
             for s in seqs
         ]

@@ -44,7 +44,8 @@ class StructuredOutput:
 
     @classmethod
     def json_schema(cls, schema: Mapping[str, Any], after_token_id: int | None = None) -> "StructuredOutput":
-        return cls("json_schema", json.dumps(schema, sort_keys=True), after_token_id=after_token_id)
+        # not sort_keys: the grammar emits properties in the schema's order, which is the caller's
+        return cls("json_schema", json.dumps(schema), after_token_id=after_token_id)
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,10 @@ class SamplingParams:
     reproducible alone. presence_penalty / frequency_penalty follow OpenAI's definitions over the
     generated tokens; repetition_penalty the CTRL/HF one over prompt and generated tokens.
     logit_bias maps token ids to a bias in [-100, 100] (kept as sorted (id, bias) pairs, so
-    params stay hashable). stop_token_ids end generation like EOS
-    (the token is not part of the text); min_tokens suppresses EOS and stop tokens until that
-    many tokens exist; ignore_eos generates through EOS until max_tokens.
+    params stay hashable). stop_token_ids end generation like EOS (the token is not part of the
+    text); min_tokens suppresses EOS, stop tokens and stop strings until that many tokens exist;
+    ignore_eos generates through EOS until max_tokens. A structured-output document that is
+    complete ends generation whatever min_tokens or ignore_eos say (nothing else may follow).
     """
 
     temperature: float = 0.0

@@ -71,6 +71,8 @@ class Scheduler:
 
     def _admit(self, seq: Sequence) -> bool:
         """Attach prefix hits and reserve the whole remaining prompt, or leave seq waiting."""
+        if seq.forks and len(self.running) + 1 + len(seq.forks) > self.config.max_batch:
+            return False  # the choices that fork this prompt must find a place in the batch too
         tokens = seq.token_ids()
         cached = self.cache.match_prefix(seq.seq_id, tokens) if isinstance(self.cache, PrefixCaching) else 0
         if not self.cache.allocate_slots(seq.seq_id, cached, len(tokens) - cached, seq.max_total_tokens):
@@ -91,6 +93,11 @@ class Scheduler:
             if victim is seq:
                 return False
         return True
+
+    def adopt(self, seq: Sequence) -> None:
+        """A sequence that already holds its computed blocks (a forked choice) joins the batch."""
+        seq.status = Status.RUNNING
+        self.running.append(seq)
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

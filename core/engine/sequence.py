@@ -33,6 +33,9 @@ class Sequence:
     first_token_time: float | None = None
     num_cached_prompt_tokens: int = 0  # from the prefix cache, for metrics
     num_preemptions: int = 0
+    index: int = 0  # which of the request's n choices this is
+    forks: list["Sequence"] = field(default_factory=list)  # choices that fork this one's prompt once it is computed
+    logits_states: list[Any] = field(default_factory=list)  # the logits processors' states (qwen_serve.logits)
 
     @property
     def num_tokens(self) -> int:

@@ -89,9 +89,18 @@ class Engine:
             )
         return prompt
 
+    def check_priority(self, priority: int) -> None:
+        """A priority other than 0 means something only under the "priority" policy (as in vLLM)."""
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidRequest("'priority' must be an integer", param="priority")
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise InvalidRequest(f"'priority' {priority} needs the priority scheduling policy "
+                                 "(this server schedules first come, first served)", param="priority")
+
     def add_request(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> Sequence:
+                    arrival_time: float | None = None, priority: int = 0) -> Sequence:
         prompt = self.check_request(prompt_token_ids, params)
+        self.check_priority(priority)
         if request_id in self.sequences:
             raise InvalidRequest(f"request id {request_id!r} is already running")
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
@@ -102,6 +111,7 @@ class Engine:
             params=params,
             generator=self.sampler.make_generator(seed),
             detokenizer=IncrementalDetokenizer(self.tokenizer.decode, params.stop),
+            priority=priority,
         )
         if arrival_time is not None:
             seq.arrival_time = arrival_time

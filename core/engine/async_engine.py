@@ -192,10 +192,10 @@ class AsyncEngine:
             if tracked is None:
                 continue
             self._observe_output(tracked, out, now)
-            tracked.deliver(out)
-            if out.finished:
+            if out.finished:  # recorded before the reply goes out, like the snapshot
                 del self._requests[out.request_id]
                 self._observe_finished(tracked, out.finish_reason or "stop", now)
+            tracked.deliver(out)
 
     def _apply_commands(self) -> None:
         while True:

@@ -16,12 +16,14 @@ from ..errors import InvalidRequest
 from ..models.tokenizer import Tokenizer
 from .protocol import ChatRequest, parse_chat_request
 from .responses import chunk, completion_response, error_body, json_response, new_completion_id, now, sse, usage
+from .streaming import EventStream
 
 
 class ChatCompletions:
     def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, model: str, serves: Callable[[str], bool],
-                 metrics: Any) -> None:
+                 metrics: Any, keepalive_s: float = 5.0) -> None:
         self.engine = engine
+        self.keepalive_s = keepalive_s
         self.tokenizer = tokenizer
         self.model = model
         self.serves = serves
@@ -39,7 +41,7 @@ class ChatCompletions:
         except Exception as exc:  # the template rejected the conversation (e.g. role order)
             raise InvalidRequest(f"could not apply the chat template: {exc}", param="messages") from None
         request_id = new_completion_id()
-        outputs = self.engine.generate(request_id, prompt, req.params, arrival)  # validates
+        outputs = self.engine.generate(request_id, prompt, req.params, arrival, priority=req.priority)  # validates
         self.metrics.record_request()
         reply = _Reply(request_id, self.model, len(prompt), arrival)
         async with aclosing(outputs):
@@ -48,11 +50,8 @@ class ChatCompletions:
             return await self._complete(req, outputs, reply)
 
     async def _complete(self, req: ChatRequest, outputs, reply: "_Reply") -> web.Response:
-        try:
-            async for out in outputs:
-                reply.add(out, self.tokenizer, req.top_logprobs)
-        except EngineFailure as exc:
-            return json_response(error_body(str(exc), type_="server_error"), status=500)
+        async for out in outputs:  # an EngineFailure becomes its HTTP status in the error middleware
+            reply.add(out, self.tokenizer, req.top_logprobs)
         if reply.finish_reason == "error":
             return json_response(error_body("internal error while generating", type_="server_error"), status=500)
         self._record(reply)
@@ -61,27 +60,27 @@ class ChatCompletions:
             reply.prompt_tokens, reply.completion_tokens, reply.logprobs if req.top_logprobs is not None else None))
 
     async def _stream(self, request: web.Request, req: ChatRequest, outputs, reply: "_Reply") -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        await response.write(sse(chunk(reply.id, reply.model, reply.created, {"role": "assistant"})))
+        stream = EventStream(request, sse(chunk(reply.id, reply.model, reply.created, {"role": "assistant"})),
+                             self.keepalive_s)
         try:
-            async for out in outputs:
-                logprobs = reply.add(out, self.tokenizer, req.top_logprobs)
-                if out.new_text or logprobs:
-                    await response.write(sse(chunk(reply.id, reply.model, reply.created, {"content": out.new_text},
-                                                   logprobs=logprobs)))
-                if out.finished and out.finish_reason == "error":
-                    raise EngineFailure("internal error while generating")
-                if out.finished:
-                    await response.write(sse(chunk(reply.id, reply.model, reply.created, {}, out.finish_reason,
-                                                   usage_block=usage(reply.prompt_tokens, reply.completion_tokens))))
+            async with aclosing(stream.relay(outputs)) as events:
+                async for out in events:
+                    logprobs = reply.add(out, self.tokenizer, req.top_logprobs)
+                    if out.new_text or logprobs:
+                        await stream.send(sse(chunk(reply.id, reply.model, reply.created, {"content": out.new_text},
+                                                    logprobs=logprobs)))
+                    if out.finished and out.finish_reason == "error":
+                        raise EngineFailure("internal error while generating")
+                    if out.finished:
+                        await stream.send(sse(chunk(reply.id, reply.model, reply.created, {}, out.finish_reason,
+                                                    usage_block=usage(reply.prompt_tokens, reply.completion_tokens))))
         except EngineFailure as exc:
-            await response.write(sse(error_body(str(exc), type_="server_error")))
+            if not stream.opened:
+                raise  # nothing sent yet: the error middleware answers with a status
+            await stream.send(sse(error_body(str(exc), type_="server_error")))
         else:
             self._record(reply)
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+        return await stream.close()
 
     def _record(self, reply: "_Reply") -> None:
         ttft = None if reply.first_token_at is None else reply.first_token_at - reply.arrival

@@ -23,6 +23,7 @@ class ChatRequest:
     params: SamplingParams
     stream: bool
     model: str | None
+    priority: int = 0  # lower is served first under --scheduling-policy priority (vLLM's meaning)
 
     @property
     def top_logprobs(self) -> int | None:
@@ -133,4 +134,4 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         )
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from None
-    return ChatRequest(messages, params, stream, model)
+    return ChatRequest(messages, params, stream, model, priority=_integer(body, "priority", 0, -(2**63), 2**63 - 1))

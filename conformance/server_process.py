@@ -25,8 +25,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: Sequence[str], startup_timeout_s: float = 120.0,
-                 env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, args: Sequence[str], startup_timeout_s: float = 120.0, env: Mapping[str, str] | None = None) -> None:
         self.args = list(args)
         self.env = dict(env or {})  # added to the server's environment (e.g. QWEN_SERVE_PLUGIN_MODULES)
         self.startup_timeout_s = startup_timeout_s
@@ -41,9 +40,10 @@ class ServerProcess:
     def command(self) -> list[str]:
         return [sys.executable, "-m", "qwen_serve", "--host", LOOPBACK, "--port", str(self.port), *self.args]
 
-    def start(self) -> "ServerProcess":
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
-               **self.env}
+    def start(self, ready: bool = True) -> "ServerProcess":
+        """Wait until /health says ok, or with ready=False only until the port answers (the
+        server answers 503 "loading" while the model loads)."""
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **self.env)
         with open(self._log_path, "ab") as log:  # append mode: our reads never move the child's writes
             self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.startup_timeout_s
@@ -53,7 +53,7 @@ class ServerProcess:
                                    f"{' '.join(self.command)}\n{self.output()[-4000:]}")
             try:
                 status, _, _ = self.request("GET", "/health", timeout=2.0)
-                if status == 200:
+                if status == 200 or not ready:
                     return self
             except OSError:
                 pass
@@ -61,9 +61,10 @@ class ServerProcess:
         self._terminate()
         raise RuntimeError(f"server did not answer /health within {self.startup_timeout_s:.0f} s\n{self.output()[-4000:]}")
 
-    def stop(self) -> None:
-        """Terminate the server; fails, with its output, if it had died on its own."""
-        died = self.proc is not None and self.proc.poll() is not None
+    def stop(self, exited: bool = False) -> None:
+        """Terminate the server; fails, with its output, if it had died on its own (unless the
+        caller made it exit: exited=True)."""
+        died = not exited and self.proc is not None and self.proc.poll() is not None
         self._terminate()
         output = self.output()
         os.unlink(self._log_path)
@@ -79,6 +80,13 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=15)
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait_exit(self, timeout_s: float) -> int:
+        """The exit code, once the process has exited (subprocess.TimeoutExpired after timeout_s)."""
+        return self.proc.wait(timeout=timeout_s)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

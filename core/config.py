@@ -7,6 +7,7 @@ from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "LlamaForCausalLM")
 BATCHING_MODES = ("continuous", "static")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class EngineConfig:
     prefix_cache: bool = True
     seed: int | None = None
     batching: str = "continuous"  # or "static": a new batch only once the last one has finished
+    scheduling_policy: str = "fcfs"  # "priority": lower request priority values are served first
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -102,6 +104,9 @@ class EngineConfig:
             raise ValueError(f"max_seq_len must be positive, got {self.max_seq_len!r}")
         if self.batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {', '.join(BATCHING_MODES)}, got {self.batching!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                             f"got {self.scheduling_policy!r}")
         if self.step_budget < self.max_batch:
             raise ValueError("step_budget must be at least max_batch so every decode gets a token")
 

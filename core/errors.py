@@ -27,6 +27,12 @@ def require_choice(what: str, name: str, choices: Iterable[str], where: str = ""
         raise ModelLoadError(f"unknown {what} {name!r}{where}; choose one of {', '.join(choices)}")
 
 
+class FatalEngineError(QwenServeError):
+    """Raised by a backend or KV cache when the engine cannot go on (a device lost, KV state that
+    can no longer be trusted): unlike any other step failure it stops the engine thread, the
+    server reports "dead" on /health, and every open request ends with an error."""
+
+
 class InvalidRequest(QwenServeError, ValueError):
     """Bad input from a client: HTTP 400, never a 500."""
 

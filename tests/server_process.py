@@ -3,6 +3,8 @@ collector that checks the openai-client chunk contract."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import openai
@@ -10,29 +12,38 @@ import pytest
 
 from qwen_serve.conformance.server_process import ServerProcess
 
+KEEPALIVE = ": keep-alive"
 
-def parse_sse(raw: bytes) -> list[str]:
-    """The payloads of an SSE body that must consist only of `data: ...` events, each followed
-    by a blank line; fails on anything else (comments, other fields, a missing terminator)."""
+
+def sse_events(raw: bytes) -> list[str]:
+    """Every event of an SSE body, each a single line followed by a blank line (fails on a
+    missing terminator or a multi-line event): `data: ...` events and `: keep-alive` comments."""
     text = raw.decode("utf-8")
     assert text.endswith("\n\n"), f"SSE body does not end with a blank line: {text[-80:]!r}"
     events = text[:-2].split("\n\n")
-    payloads = []
     for event in events:
-        assert event.startswith("data: ") and "\n" not in event, f"not a single-line data event: {event!r}"
-        payloads.append(event[len("data: "):])
-    return payloads
+        assert (event.startswith("data: ") or event == KEEPALIVE) and "\n" not in event, \
+            f"not a single-line data event or keep-alive comment: {event!r}"
+    return events
+
+
+def parse_sse(raw: bytes) -> list[str]:
+    """The payloads of an SSE body that must consist only of `data: ...` events, each followed
+    by a blank line, and the server's `: keep-alive` comments (skipped; a slow machine may see
+    them); fails on anything else (other comments, other fields, a missing terminator)."""
+    return [event[len("data: "):] for event in sse_events(raw) if event != KEEPALIVE]
 
 
 _SHARED: dict[str, ServerProcess] = {}
 
 
-def shared_server(request: pytest.FixtureRequest, key: str, args: Sequence[str]) -> ServerProcess:
+def shared_server(request: pytest.FixtureRequest, key: str, args: Sequence[str],
+                  env: dict[str, str] | None = None) -> ServerProcess:
     """One server per key for the whole session (stopped when the session ends), so several
     test modules can use the same slow-to-load model without starting it twice."""
     server = _SHARED.get(key)
     if server is None or not server.alive():
-        server = ServerProcess(args).start()
+        server = ServerProcess(args, env=env).start()
         _SHARED[key] = server
         request.session.addfinalizer(server.stop)
     return server
@@ -110,3 +121,28 @@ def smollm2_model_name(smollm2_server: ServerProcess) -> str:
     status, _, body = smollm2_server.request("GET", "/v1/models")
     assert status == 200, body
     return json.loads(body)["data"][0]["id"]
+
+
+PLUGINS = Path(__file__).parent / "server_plugins"
+
+
+def controlled_env(control: Path) -> dict[str, str]:
+    """The environment that loads tests/server_plugins/controlled_engine.py into a server,
+    steered by files in control."""
+    return {"QWEN_SERVE_PLUGIN_MODULES": "controlled_engine", "QWEN_SERVE_TEST_CONTROL": str(control),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGINS), os.environ.get("PYTHONPATH")]))}
+
+
+def set_step_delay(control: Path, seconds: float | None) -> None:
+    """Every model call of a controlled server sleeps this long first (None: no delay)."""
+    path = control / "step-delay"
+    if seconds is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_text(str(seconds))
+
+
+def request_log(server: ServerProcess) -> dict[str, dict]:
+    """The --log-requests lines the server printed so far, by request id."""
+    lines = [json.loads(line) for line in server.output().splitlines() if line.startswith('{"event": "request"')]
+    return {entry["id"]: entry for entry in lines}

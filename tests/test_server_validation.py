@@ -144,6 +144,9 @@ BAD_REQUESTS = [
     ("tokenize: both prompt and messages", "POST", "/tokenize", {"prompt": "a", "messages": HELLO}, 400),
     ("detokenize: id over vocab", "POST", "/detokenize", {"tokens": [1, 999999]}, 400),
     ("detokenize: tokens as string", "POST", "/detokenize", {"tokens": "abc"}, 400),
+    ("priority under fcfs", "POST", "/v1/chat/completions", body(priority=1), 400),
+    ("priority as string", "POST", "/v1/chat/completions", body(priority="high"), 400),
+    ("priority as float", "POST", "/v1/chat/completions", body(priority=0.5), 400),
     ("unknown model", "POST", "/v1/chat/completions", body(model="gpt-4o"), 404),
     ("huge body", "POST", "/v1/chat/completions",
      body(messages=[{"role": "user", "content": "x" * (5 * 2**20)}]), 413),
@@ -219,8 +222,9 @@ def test_bad_streaming_request_gets_json_not_sse(server, fields):
     {"stop": ["a"] * 16},
     {"logprobs": True, "top_logprobs": 20},
     {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}]},
+    {"priority": 0},
 ], ids=["temperature 2", "top_p tiny", "top_k 1", "top_k huge", "max_completion_tokens",
-        "16 stops", "top_logprobs 20", "content parts"])
+        "16 stops", "top_logprobs 20", "content parts", "priority 0 under fcfs"])
 def test_valid_edge_values_are_served(server, fields):
     status, _, raw = server.chat(body(**fields))
     assert status == 200, raw

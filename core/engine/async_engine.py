@@ -3,6 +3,12 @@
 The event loop only validates requests and queues commands; the engine thread owns every
 engine object, applies commands between steps, and hands outputs back through
 ``loop.call_soon_threadsafe``. A request is an async iterator of RequestOutput.
+
+A request that cannot finish ends with an exception from that iterator, never by hanging:
+EngineFailure when a step raised (the others go on), QueueTimeout when it waited longer than
+``queue_timeout_s`` without being scheduled, ShuttingDown when the server aborted it on the way
+out, EngineDead once the engine thread has died (a FatalEngineError from a plugin, or any error
+outside a step): then every open request fails and new ones are refused.
 """
 from __future__ import annotations
 
@@ -14,15 +20,37 @@ import time
 from dataclasses import dataclass
 from typing import AsyncGenerator, Callable, Sequence
 
+from ..errors import FatalEngineError
 from .engine import Engine, RequestOutput
 from .sampling_params import SamplingParams
-from .stats import EngineSnapshot, ThroughputWindow
+from .sequence import Sequence as EngineSequence
+from .stats import EngineSnapshot, RequestObserver, RequestRecord, ThroughputWindow
 
 log = logging.getLogger("qwen_serve.engine")
 
 
 class EngineFailure(Exception):
-    """The engine raised while running this request (a server bug, not bad input)."""
+    """The engine could not finish this request (a server-side failure, not bad input)."""
+
+    status = 500  # the HTTP status that says so
+
+
+class EngineUnavailable(EngineFailure):
+    """Not served now, through no fault of the request; a later try may succeed."""
+
+    status = 503
+
+
+class EngineDead(EngineUnavailable):
+    pass
+
+
+class QueueTimeout(EngineUnavailable):
+    pass
+
+
+class ShuttingDown(EngineUnavailable):
+    pass
 
 
 @dataclass
@@ -31,6 +59,7 @@ class _Add:
     prompt: list[int]
     params: SamplingParams
     arrival_time: float
+    priority: int
     deliver: Callable[[RequestOutput | Exception], None]
 
 
@@ -39,14 +68,33 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _AbortAll:
+    reason: str
+
+
+@dataclass
+class _Tracked:
+    """A request the engine thread is running for the event loop."""
+
+    seq: EngineSequence  # the first choice (its timings stand for the request's)
+    deliver: Callable[[RequestOutput | Exception], None]
+    unfinished_choices: int = 1  # SamplingParams.n until choices finish
+    last_output_time: float | None = None
+
+
 class AsyncEngine:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, queue_timeout_s: float | None = None,
+                 observers: Sequence[RequestObserver] = ()) -> None:
         self.engine = engine
+        self.queue_timeout_s = queue_timeout_s
+        self.observers = tuple(observers)
+        self.dead_reason: str | None = None  # set once, by the dying engine thread
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()  # orders "dead" against queueing a new request
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._sinks: dict[str, Callable[[RequestOutput | Exception], None]] = {}
-        self._unfinished_choices: dict[str, int] = {}
+        self._requests: dict[str, _Tracked] = {}  # engine thread only
         self.throughput = ThroughputWindow(seconds=10.0)
         self.snapshot = EngineSnapshot.take(engine, self.throughput)
         self._thread = threading.Thread(target=self._run, name="qwen-serve-engine", daemon=True)
@@ -59,25 +107,36 @@ class AsyncEngine:
         self._wake.set()
         self._thread.join(timeout=10)
 
+    def is_alive(self) -> bool:
+        return self.dead_reason is None and self._thread.is_alive()
+
     # --- event-loop side ----------------------------------------------------------------
     def generate(self, request_id: str, prompt: Sequence[int], params: SamplingParams,
-                 arrival_time: float) -> AsyncGenerator[RequestOutput, None]:
+                 arrival_time: float, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
         """Validates now (raises InvalidRequest before anything is queued or sent), then returns
         the request's outputs: with n > 1 the choices' outputs interleave (RequestOutput.index),
         and the iterator ends when every choice has finished. Closing the generator early (client gone) aborts the request:
         use it under contextlib.aclosing so that happens at once."""
         checked = self.engine.check_request(prompt, params)
-        return self._stream(request_id, checked, params, arrival_time)
+        self.engine.check_priority(priority)
+        return self._stream(request_id, checked, params, arrival_time, priority)
+
+    def abort_all(self, reason: str) -> None:
+        """End every open request with ShuttingDown(reason) (the end of a drain)."""
+        self._send(_AbortAll(reason))
 
     async def _stream(self, request_id: str, prompt: list[int], params: SamplingParams,
-                      arrival_time: float) -> AsyncGenerator[RequestOutput, None]:
+                      arrival_time: float, priority: int) -> AsyncGenerator[RequestOutput, None]:
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
 
         def deliver(item: RequestOutput | Exception) -> None:
-            loop.call_soon_threadsafe(outputs.put_nowait, item)
+            try:
+                loop.call_soon_threadsafe(outputs.put_nowait, item)
+            except RuntimeError:  # the event loop has closed: nobody waits for this any more
+                pass
 
-        self._send(_Add(request_id, prompt, params, arrival_time, deliver))
+        self._send(_Add(request_id, prompt, params, arrival_time, priority, deliver))
         finished = False
         unfinished_choices = params.n
         try:
@@ -94,36 +153,56 @@ class AsyncEngine:
             if not finished:
                 self._send(_Abort(request_id))
 
-    def _send(self, command: _Add | _Abort) -> None:
-        self._commands.put(command)
+    def _send(self, command: _Add | _Abort | _AbortAll) -> None:
+        with self._lock:
+            if self.dead_reason is not None:
+                if isinstance(command, _Add):
+                    raise EngineDead(f"the engine has stopped ({self.dead_reason})")
+                return  # nothing runs any more: nothing to abort
+            self._commands.put(command)
         self._wake.set()
 
     # --- engine thread ------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self._apply_commands()
-            if not self.engine.has_unfinished():
-                self.snapshot = EngineSnapshot.take(self.engine, self.throughput)
-                self._wake.wait(timeout=1.0)
-                self._wake.clear()
+        try:
+            while not self._stop.is_set():
+                self._apply_commands()
+                self._expire_waiting()
+                if not self.engine.has_unfinished():
+                    self.snapshot = EngineSnapshot.take(self.engine, self.throughput)
+                    self._wake.wait(timeout=1.0)
+                    self._wake.clear()
+                    continue
+                self._step()
+        except BaseException as exc:  # FatalEngineError, or a failure outside a step
+            log.critical("the engine thread died", exc_info=True)
+            self._die(f"{type(exc).__name__}: {exc}")
+            return
+        self._fail_all(ShuttingDown("the server stopped before this request finished"), "shutdown")
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except FatalEngineError:
+            raise
+        except Exception as exc:  # a bug: fail what is running, keep serving
+            log.exception("engine step failed")
+            self._fail_all(EngineFailure(f"internal error while generating: {type(exc).__name__}"), "error")
+            return
+        now = time.monotonic()
+        self.throughput.add(now, len(outputs))
+        self.snapshot = EngineSnapshot.take(self.engine, self.throughput)  # before replies go out
+        for out in outputs:
+            tracked = self._requests.get(out.request_id)
+            if tracked is None:
                 continue
-            try:
-                outputs = self.engine.step()
-            except Exception as exc:  # a bug: fail what is running, keep serving
-                log.exception("engine step failed")
-                self._fail_all(exc)
-                continue
-            self.throughput.add(time.monotonic(), len(outputs))
-            self.snapshot = EngineSnapshot.take(self.engine, self.throughput)  # before replies go out
-            for out in outputs:
-                sink = self._sinks.get(out.request_id)
-                if sink is not None:
-                    sink(out)
-                if out.finished and out.request_id in self._unfinished_choices:
-                    self._unfinished_choices[out.request_id] -= 1
-                    if self._unfinished_choices[out.request_id] == 0:
-                        del self._unfinished_choices[out.request_id]
-                        self._sinks.pop(out.request_id, None)
+            self._observe_output(tracked, out, now)
+            if out.finished:
+                tracked.unfinished_choices -= 1
+            if tracked.unfinished_choices == 0:  # recorded before the reply goes out, like the snapshot
+                del self._requests[out.request_id]
+                self._observe_finished(tracked, out.finish_reason or "stop", now)
+            tracked.deliver(out)
 
     def _apply_commands(self) -> None:
         while True:
@@ -132,21 +211,78 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if isinstance(command, _Abort):
-                self._sinks.pop(command.request_id, None)
-                self._unfinished_choices.pop(command.request_id, None)
-                self.engine.abort(command.request_id)
-                continue
-            try:
-                self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival_time)
-            except Exception as exc:
-                command.deliver(exc)
-                continue
-            self._sinks[command.request_id] = command.deliver
-            self._unfinished_choices[command.request_id] = command.params.n
+                tracked = self._requests.pop(command.request_id, None)
+                if self.engine.abort(command.request_id) and tracked is not None:
+                    self._observe_finished(tracked, "abort", time.monotonic())
+            elif isinstance(command, _AbortAll):
+                self._fail_all(ShuttingDown(command.reason), "shutdown")
+            else:
+                try:
+                    seq = self.engine.add_request(command.request_id, command.prompt, command.params,
+                                                  command.arrival_time, command.priority)
+                except Exception as exc:
+                    command.deliver(exc)
+                    continue
+                self._requests[command.request_id] = _Tracked(seq, command.deliver, command.params.n)
 
-    def _fail_all(self, exc: Exception) -> None:
-        for request_id, sink in list(self._sinks.items()):
+    def _expire_waiting(self) -> None:
+        """Fail the requests that waited longer than queue_timeout_s without being scheduled."""
+        if self.queue_timeout_s is None:
+            return
+        now = time.monotonic()
+        for request_id, tracked in list(self._requests.items()):
+            waited = now - tracked.seq.arrival_time
+            if tracked.seq.first_scheduled_time is None and waited > self.queue_timeout_s:
+                del self._requests[request_id]
+                self.engine.abort(request_id)
+                tracked.deliver(QueueTimeout(f"the request waited {waited:.1f} s in the queue without being "
+                                             f"scheduled (--queue-timeout {self.queue_timeout_s:g} s)"))
+                self._observe_finished(tracked, "queue_timeout", now)
+
+    def _fail_all(self, error: EngineFailure, reason: str) -> None:
+        now = time.monotonic()
+        for request_id, tracked in list(self._requests.items()):
             self.engine.abort(request_id)
-            sink(EngineFailure(f"internal error while generating: {type(exc).__name__}"))
-        self._sinks.clear()
-        self._unfinished_choices.clear()
+            tracked.deliver(error)
+            self._observe_finished(tracked, reason, now)
+        self._requests.clear()
+
+    def _die(self, reason: str) -> None:
+        """Refuse new requests and fail every open one. The engine's own state is not touched
+        again: after a fatal error it cannot be trusted."""
+        with self._lock:
+            self.dead_reason = reason
+        error = EngineDead(f"the engine has stopped ({reason})")
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(command, _Add):
+                command.deliver(error)
+        for tracked in self._requests.values():
+            tracked.deliver(error)
+        self._requests.clear()
+
+    # --- observers ----------------------------------------------------------------------
+    def _observe_output(self, tracked: _Tracked, out: RequestOutput, now: float) -> None:
+        if not out.new_token_ids:
+            return
+        previous = tracked.last_output_time
+        if previous is None:
+            self._notify(lambda o: o.on_first_token(RequestRecord.of(tracked.seq)))
+        # n choices output in the same step: one interval per step, not zeros for the others
+        interval = None if previous is None or previous == now else now - previous
+        tracked.last_output_time = now
+        self._notify(lambda o: o.on_tokens(len(out.new_token_ids), interval))
+
+    def _observe_finished(self, tracked: _Tracked, reason: str, now: float) -> None:
+        record = RequestRecord.of(tracked.seq, now, reason)
+        self._notify(lambda o: o.on_finished(record))
+
+    def _notify(self, call: Callable[[RequestObserver], None]) -> None:
+        for observer in self.observers:
+            try:
+                call(observer)
+            except Exception:  # metrics must never take the engine down
+                log.exception("request observer %r failed", observer)

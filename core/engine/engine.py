@@ -102,18 +102,27 @@ class Engine:
         self.logits.validate(params)
         return prompt
 
+    def check_priority(self, priority: int) -> None:
+        """A priority other than 0 means something only under the "priority" policy (as in vLLM)."""
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidRequest("'priority' must be an integer", param="priority")
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise InvalidRequest(f"'priority' {priority} needs the priority scheduling policy "
+                                 "(this server schedules first come, first served)", param="priority")
+
     def add_request(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> Sequence:
+                    arrival_time: float | None = None, priority: int = 0) -> Sequence:
         """Queue a request; returns its first choice (all n: ``add_choices``)."""
-        return self.add_choices(request_id, prompt_token_ids, params, arrival_time)[0]
+        return self.add_choices(request_id, prompt_token_ids, params, arrival_time, priority)[0]
 
     def add_choices(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> list[Sequence]:
+                    arrival_time: float | None = None, priority: int = 0) -> list[Sequence]:
         """Queue a request as its n choices. Choice i draws from seed + i (a fresh seed when none
         is given), so with a seed it equals a single request with seed + i. Where the cache can
         fork and the n fit in one batch, choice 0 prefills the prompt alone and the others fork
         its blocks once it is computed; otherwise each choice is an independent sequence."""
         prompt = self.check_request(prompt_token_ids, params)
+        self.check_priority(priority)
         if request_id in self.sequences:
             raise InvalidRequest(f"request id {request_id!r} is already running")
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
@@ -127,6 +136,7 @@ class Engine:
                 generator=self.sampler.make_generator(seed + index),
                 detokenizer=IncrementalDetokenizer(self.tokenizer.decode, params.stop, params.min_tokens),
                 index=index,
+                priority=priority,
             )
             if arrival_time is not None:
                 seq.arrival_time = arrival_time

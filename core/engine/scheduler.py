@@ -10,9 +10,17 @@ generated tokens and its random state, so preemption never changes the output.
 With ``batching="static"`` (a baseline to measure continuous batching against) admission
 waits until every running sequence has finished: a batch is whatever got admitted before its
 first token was sampled, and it holds its slots until its longest member is done.
+
+Under the "priority" policy (EngineConfig.scheduling_policy) the waiting queue is kept in
+(priority, arrival) order, lower values first as in vLLM; the sequence preempted for a decode
+is the lowest-ranked running one; and a waiting sequence that cannot be admitted for lack of
+KV blocks preempts running sequences of a strictly lower priority until it fits. (A full
+batch alone never preempts: the better-ranked sequence takes the next free slot.)
 """
 from __future__ import annotations
 
+import bisect
+import time
 from collections import deque
 
 from ..config import EngineConfig
@@ -27,23 +35,30 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.by_priority = config.scheduling_policy == "priority"
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self._enqueue(seq, front=False)
+
+    def _enqueue(self, seq: Sequence, front: bool) -> None:
+        """fcfs: arrivals at the back, preempted sequences at the front; priority: by rank."""
+        if not self.by_priority:
+            self.waiting.appendleft(seq) if front else self.waiting.append(seq)
+        else:
+            self.waiting.insert(bisect.bisect_right(self.waiting, _rank(seq), key=_rank), seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> StepBatch:
-        budget = self.config.step_budget
         chunks: list[ScheduledChunk] = []
         for seq in [s for s in self.running if s.num_uncomputed == 1]:
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
-            if not self._make_room(seq):
+            if not self._make_room(seq, chunks):
                 continue
             chunks.append(self._chunk(seq, 1))
-            budget -= 1
+        budget = self.config.step_budget - sum(len(c.token_ids) for c in chunks)
         for seq in [s for s in self.running if s.num_uncomputed > 1]:
             if budget <= 0:
                 break
@@ -53,7 +68,11 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_batch and self._batch_open():
             seq = self.waiting[0]
             if not self._admit(seq):
-                break
+                refund = self._preempt_for(seq, chunks)
+                if refund is None:
+                    break
+                budget += refund
+                continue
             self.waiting.popleft()
             n = min(self.config.chunk_size, seq.num_uncomputed, budget)
             chunks.append(self._chunk(seq, n))
@@ -79,17 +98,20 @@ class Scheduler:
             self.cache.free(seq.seq_id)
             return False
         seq.num_computed = cached
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
         if seq.num_preemptions == 0:
             seq.num_cached_prompt_tokens = cached
         seq.status = Status.RUNNING
         self.running.append(seq)
         return True
 
-    def _make_room(self, seq: Sequence) -> bool:
-        """Reserve one more position for seq, preempting newer sequences if the pool is full."""
+    def _make_room(self, seq: Sequence, chunks: list[ScheduledChunk]) -> bool:
+        """Reserve one more position for seq, preempting others (the newest under fcfs, the
+        lowest-ranked under priority) if the pool is full."""
         while not self.cache.allocate_slots(seq.seq_id, seq.num_computed, 1, seq.max_total_tokens):
-            victim = self.running[-1]
-            self.preempt(victim)
+            victim = self._victim()
+            self._preempt_in_step(victim, chunks)
             if victim is seq:
                 return False
         return True
@@ -99,6 +121,26 @@ class Scheduler:
         seq.status = Status.RUNNING
         self.running.append(seq)
 
+    def _victim(self) -> Sequence:
+        return max(self.running, key=_rank) if self.by_priority else self.running[-1]
+
+    def _preempt_for(self, seq: Sequence, chunks: list[ScheduledChunk]) -> int | None:
+        """Priority policy: preempt the lowest-ranked running sequence if its priority is
+        strictly lower than waiting seq's; returns the step tokens freed, None if none was."""
+        if not self.by_priority or not self.running:
+            return None
+        victim = self._victim()
+        if victim.priority <= seq.priority:
+            return None
+        return self._preempt_in_step(victim, chunks)
+
+    def _preempt_in_step(self, victim: Sequence, chunks: list[ScheduledChunk]) -> int:
+        """Preempt victim and drop the chunk it already had in this step; returns its tokens."""
+        dropped = sum(len(c.token_ids) for c in chunks if c.seq_id == victim.seq_id)
+        chunks[:] = [c for c in chunks if c.seq_id != victim.seq_id]
+        self.preempt(victim)
+        return dropped
+
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.cache.free(seq.seq_id)
@@ -106,7 +148,7 @@ class Scheduler:
         seq.status = Status.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self._enqueue(seq, front=True)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Retire seq wherever it is and give its blocks back at once."""
@@ -117,3 +159,8 @@ class Scheduler:
         self.cache.free(seq.seq_id)
         seq.status = Status.FINISHED
         seq.finish_reason = reason
+
+
+def _rank(seq: Sequence) -> tuple[int, float, int]:
+    """Priority-policy order: lower priority value first, then earlier arrival."""
+    return seq.priority, seq.arrival_time, seq.seq_id

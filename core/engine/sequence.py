@@ -31,6 +31,8 @@ class Sequence:
     finish_reason: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
+    first_scheduled_time: float | None = None  # when it first left the waiting queue
+    priority: int = 0  # lower runs first under the "priority" scheduling policy
     num_cached_prompt_tokens: int = 0  # from the prefix cache, for metrics
     num_preemptions: int = 0
     index: int = 0  # which of the request's n choices this is

@@ -1,11 +1,12 @@
 """What the engine thread publishes for the server to read: an immutable snapshot after every
-step, and the generated-token rate over a sliding window."""
+step, the generated-token rate over a sliding window, and each request's timeline (a
+RequestRecord handed to RequestObservers)."""
 from __future__ import annotations
 
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 
 class ThroughputWindow:
@@ -57,3 +58,57 @@ class EngineSnapshot:
             tokens_per_sec=throughput.rate(time.monotonic()),
             preemptions_total=scheduler.num_preemptions,
         )
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request's life as the engine saw it (monotonic seconds), for metrics and the request
+    log. finish_reason is None while the request still runs."""
+
+    request_id: str
+    priority: int
+    prompt_token_ids: tuple[int, ...]
+    cached_tokens: int
+    completion_tokens: int
+    num_preemptions: int
+    arrival_time: float
+    scheduled_time: float | None
+    first_token_time: float | None
+    finished_time: float | None = None
+    finish_reason: str | None = None
+
+    @classmethod
+    def of(cls, seq: Any, finished_time: float | None = None, finish_reason: str | None = None) -> "RequestRecord":
+        return cls(seq.request_id, seq.priority, tuple(seq.prompt_token_ids), seq.num_cached_prompt_tokens,
+                   len(seq.output_token_ids), seq.num_preemptions, seq.arrival_time, seq.first_scheduled_time,
+                   seq.first_token_time, finished_time, finish_reason)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def queue_s(self) -> float | None:
+        """From arrival until it first left the waiting queue."""
+        return None if self.scheduled_time is None else self.scheduled_time - self.arrival_time
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
+
+
+class RequestObserver(Protocol):
+    """Told about each request's progress, on the engine thread: must be quick. (The engine
+    thread logs and survives an observer that raises.)"""
+
+    def on_first_token(self, record: RequestRecord) -> None: ...
+
+    def on_tokens(self, num_tokens: int, interval_s: float | None) -> None:
+        """One output of num_tokens; interval_s since the request's previous output (None for its first)."""
+
+    def on_finished(self, record: RequestRecord) -> None:
+        """Also for requests that never ran: aborted, timed out in the queue, failed."""

@@ -43,7 +43,8 @@ class ChatCompletions:
         if structured is not None:
             params = replace(params, structured=structured)
         tally = ReplyTally(new_completion_id(), params.n, len(rendered.token_ids), arrival)
-        outputs = served.engine.generate(tally.id, rendered.token_ids, params, arrival)  # validates
+        outputs = served.engine.generate(tally.id, rendered.token_ids, params, arrival,
+                                         priority=req.priority)  # validates
         served.metrics.record_request()
         choices = [_Choice(i, lambda: chat_format.output_parser(rendered), served.tokenizer, params.logprobs)
                    for i in range(params.n)]

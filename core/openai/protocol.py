@@ -33,6 +33,7 @@ class ChatRequest:
     tool_choice: ToolChoice = ToolChoice()
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     response_format: ResponseFormat | None = None
+    priority: int = 0  # lower is served first under --scheduling-policy priority (vLLM's meaning)
 
     @property
     def top_logprobs(self) -> int | None:
@@ -47,6 +48,7 @@ class CompletionRequest:
     stream: bool
     model: str | None
     include_usage: bool = False
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ def parse_chat_request(raw: bytes, vocab_size: int) -> ChatRequest:
     return ChatRequest(
         messages, params, stream, _model(body), _include_usage(body, stream), tools,
         parse_tool_choice(body.get("tool_choice"), tools), template_kwargs(body),
-        parse_response_format(body.get("response_format")))
+        parse_response_format(body.get("response_format")), _priority(body))
 
 
 def parse_completion_request(raw: bytes, vocab_size: int) -> CompletionRequest:
@@ -100,7 +102,7 @@ def parse_completion_request(raw: bytes, vocab_size: int) -> CompletionRequest:
     if best_of is not None and best_of != params.n:
         raise InvalidRequest("'best_of' other than n is not supported", param="best_of")
     stream = boolean(body, "stream", False)
-    return CompletionRequest(prompts, params, stream, _model(body), _include_usage(body, stream))
+    return CompletionRequest(prompts, params, stream, _model(body), _include_usage(body, stream), _priority(body))
 
 
 def parse_tokenize_request(raw: bytes) -> TokenizeRequest:
@@ -133,6 +135,10 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     if effort == "none":
         kwargs.setdefault("enable_thinking", False)
     return kwargs
+
+
+def _priority(body: dict[str, Any]) -> int:
+    return integer(body, "priority", 0, -(2**63), 2**63 - 1)
 
 
 def _model(body: dict[str, Any]) -> str | None:

@@ -5,6 +5,7 @@ finished) and the two ways to answer, JSON or SSE, over choices each endpoint sh
 from __future__ import annotations
 
 import time
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
@@ -15,7 +16,7 @@ from ..engine.engine import RequestOutput
 from ..models.tokenizer import Tokenizer
 from .chat_format import ChatFormat
 from .responses import error_body, json_response, model_not_found, now, usage
-from .streaming import close_event_stream, open_event_stream, sse
+from .streaming import EventStream, sse
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class ServedModel:
     name: str
     serves: Callable[[str], bool]
     metrics: Any  # qwen_serve.server.metrics.ServerMetrics
+    keepalive_s: float = 5.0  # an SSE comment after this long without an event; 0: never
 
     @property
     def vocab_size(self) -> int:
@@ -125,27 +127,29 @@ async def answer_stream(served: ServedModel, request: web.Request, outputs: Outp
                         chunk: Callable[[list[dict[str, Any]], dict[str, Any] | None], dict[str, Any]],
                         opening: Sequence[dict[str, Any]] = ()) -> web.StreamResponse:
     """SSE: the opening chunk choices, then each output's chunk, each choice's finish chunk, and
-    the usage once: on the last finish chunk, or (include_usage) on one more chunk without choices."""
-    response = await open_event_stream(request)
-    for choice_body in opening:
-        await response.write(sse(chunk([choice_body], None)))
+    the usage once: on the last finish chunk, or (include_usage) on one more chunk without choices.
+    The response opens with the first event after the opening (an error before that is raised
+    for the error middleware to answer with a status)."""
+    stream = EventStream(request, b"".join(sse(chunk([body], None)) for body in opening), served.keepalive_s)
     try:
-        async for index, out, request_number in outputs:
-            tally.record(out, index, request_number)
-            choice = choices[index]
-            choice_body = choice.stream(out)
-            if choice_body is not None:
-                await response.write(sse(chunk([choice_body], None)))
-            if out.finished:
-                if out.finish_reason == "error":
-                    raise EngineFailure("internal error while generating")
-                last = tally.done and not include_usage
-                await response.write(sse(chunk([choice.finish_chunk()], tally.usage() if last else None)))
+        async with aclosing(stream.relay(outputs)) as events:
+            async for index, out, request_number in events:
+                tally.record(out, index, request_number)
+                choice = choices[index]
+                choice_body = choice.stream(out)
+                if choice_body is not None:
+                    await stream.send(sse(chunk([choice_body], None)))
+                if out.finished:
+                    if out.finish_reason == "error":
+                        raise EngineFailure("internal error while generating")
+                    last = tally.done and not include_usage
+                    await stream.send(sse(chunk([choice.finish_chunk()], tally.usage() if last else None)))
         if include_usage:
-            await response.write(sse(chunk([], tally.usage())))
+            await stream.send(sse(chunk([], tally.usage())))
     except EngineFailure as exc:
-        await response.write(sse(error_body(str(exc), type_="server_error")))
+        if not stream.opened:
+            raise
+        await stream.send(sse(error_body(str(exc), type_="server_error")))
     else:
         served.record_finished(tally)
-    await close_event_stream(response)
-    return response
+    return await stream.close()

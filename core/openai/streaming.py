@@ -3,33 +3,32 @@
 An SSE body is ``data: <compact JSON>`` events, each followed by a blank line, ending with
 ``data: [DONE]``. A client that goes away closes the output generators (under aclosing), which
 aborts their requests so their KV blocks return to the pool at once.
+
+The response opens only when there is something to send, which keeps the choice of status: a
+request that fails before its first event (queue timeout, engine gone) still gets an HTTP error
+status with a JSON body; after that it can only end with an error event. While a request waits or
+prefills, ``: keep-alive`` comments go out (SSE clients, the openai client included, ignore
+them), so proxies that cut idle connections (nginx: 60 s by default) do not cut a stream.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from contextlib import aclosing
-from typing import Any, AsyncGenerator, AsyncIterator, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Sequence, TypeVar
 
 from aiohttp import web
 
 DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keep-alive\n\n"
+T = TypeVar("T")
+_END = object()
 
 
 def sse(payload: dict[str, Any]) -> bytes:
     """One event carrying compact JSON."""
     return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-
-
-async def open_event_stream(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    return response
-
-
-async def close_event_stream(response: web.StreamResponse) -> None:
-    await response.write(DONE)
-    await response.write_eof()
 
 
 async def merge_streams(streams: Sequence[AsyncIterator[Any]]) -> AsyncGenerator[tuple[int, Any], None]:
@@ -67,3 +66,59 @@ async def merge_streams(streams: Sequence[AsyncIterator[Any]]) -> AsyncGenerator
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _next(items: AsyncIterator[T]) -> T | object:
+    try:
+        return await items.__anext__()
+    except StopAsyncIteration:
+        return _END
+
+
+class EventStream:
+    def __init__(self, request: web.Request, first_event: bytes, keepalive_s: float) -> None:
+        """first_event opens the stream (the chunk with the assistant role); keepalive_s 0 sends none."""
+        self.request = request
+        self.first_event = first_event
+        self.keepalive_s = keepalive_s
+        self.response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+
+    @property
+    def opened(self) -> bool:
+        return self.response.prepared
+
+    async def send(self, event: bytes) -> None:
+        if not self.opened:
+            await self.response.prepare(self.request)
+            await self.response.write(self.first_event)
+        await self.response.write(event)
+
+    async def close(self) -> web.StreamResponse:
+        await self.send(DONE)
+        await self.response.write_eof()
+        return self.response
+
+    async def relay(self, items: AsyncIterator[T]) -> AsyncIterator[T]:
+        """items, sending a keep-alive comment whenever keepalive_s pass without one. The wait
+        on items is never cancelled by a keep-alive (only when the client goes away)."""
+        if not self.keepalive_s:
+            async for item in items:
+                yield item
+            return
+        pending: asyncio.Task | None = None
+        try:
+            while True:
+                pending = pending or asyncio.ensure_future(_next(items))
+                done, _ = await asyncio.wait({pending}, timeout=self.keepalive_s)
+                if not done:
+                    await self.send(KEEPALIVE)
+                    continue
+                item, pending = pending.result(), None
+                if item is _END:
+                    return
+                yield item
+        finally:
+            if pending is not None:
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending

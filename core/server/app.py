@@ -1,18 +1,22 @@
-"""The aiohttp application: routes, the error middleware, and the small endpoints.
+"""The aiohttp application: routes, the gates in front of them, and the small endpoints.
 
 The OpenAI endpoints themselves live in qwen_serve.openai; this module only wires them to paths.
-Every client mistake becomes a 4xx with an OpenAI error body before any SSE byte is sent.
+Every request passes, outermost first: the error middleware (every client mistake becomes a 4xx
+with an OpenAI error body before any SSE byte is sent), API keys (401), the lifecycle gate (503
+while loading, draining or dead) and bounded admission (429). The port opens before the model
+has loaded: ``attach`` hands over the engine once it has warmed up.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from ..engine.async_engine import AsyncEngine
+from ..engine.async_engine import AsyncEngine, EngineDead, EngineFailure, EngineUnavailable, QueueTimeout, ShuttingDown
 from ..errors import InvalidRequest
 from ..models.tokenizer import Tokenizer
 from ..openai.chat import ChatCompletions
@@ -21,10 +25,18 @@ from ..openai.completions import Completions
 from ..openai.responses import error_body, json_response
 from ..openai.serving import ServedModel
 from ..openai.tokenization import Tokenization
+from .admission import Admission
+from .auth import ApiKeys, require_api_key
+from .lifecycle import Lifecycle, lifecycle_gate
 from .metrics import ServerMetrics
+from .openapi import openapi_document
+from .prometheus import EngineGauges, RequestMetrics
 
 log = logging.getLogger("qwen_serve.http")
 MAX_BODY_BYTES = 4 * 2**20
+METRICS_PATHS = ("/metrics", "/metrics/prometheus")
+ALWAYS_OPEN = ("/health", "/openapi.json")
+FAILURE_CODES = {EngineDead: "engine_dead", QueueTimeout: "queue_timeout", ShuttingDown: "shutting_down"}
 
 
 @dataclass(frozen=True)
@@ -36,62 +48,123 @@ class ServerInfo:
     block_size: int
     kv_blocks_total: int
     max_batch: int
+    max_seq_len: int | None = None  # prompt + generated tokens, at most
 
     def serves(self, name: str) -> bool:
         return name == self.model or name in self.aliases
 
 
-@web.middleware
-async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
-    """Turn every failure into an OpenAI error body; bad input is never a 500."""
-    try:
-        return await handler(request)
-    except InvalidRequest as exc:
-        return json_response(error_body(str(exc), param=exc.param), status=400)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        message = {404: f"no route {request.method} {request.path}", 405: f"method {request.method} not allowed on {request.path}",
-                   413: f"request body exceeds {MAX_BODY_BYTES} bytes"}.get(exc.status, exc.reason)
-        return json_response(error_body(message), status=exc.status, headers=headers)
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return json_response(error_body("internal server error", type_="server_error"), status=500)
+@dataclass(frozen=True)
+class ServerOptions:
+    """How the HTTP layer guards the engine (the serving flags of the command line)."""
+
+    max_batch: int = 8
+    max_queue: int = 64
+    api_keys: ApiKeys = ApiKeys(())
+    metrics_public: bool = False
+    keepalive_s: float = 5.0
+
+
+def is_generation(request: web.Request) -> bool:
+    """The requests admission counts: every POST under /v1/."""
+    return request.method == "POST" and request.path.startswith("/v1/")
 
 
 class ChatServer:
-    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, info: ServerInfo,
-                 chat_format: ChatFormat | None = None) -> None:
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.info = info
-        self.metrics = ServerMetrics(engine)
-        self.chat_format = chat_format or ChatFormat(tokenizer)
+    def __init__(self, options: ServerOptions, registry: CollectorRegistry) -> None:
+        self.options = options
+        self.registry = registry
+        self.lifecycle = Lifecycle()
+        # Admission runs only once the lifecycle gate lets requests through, i.e. after attach().
+        self.admission = Admission(options.max_batch, options.max_queue, lambda: self.request_metrics.mean_e2e_s,
+                                   lambda: self.request_metrics.rejected("queue_full"))
+        self.engine: AsyncEngine | None = None
+        self.info: ServerInfo | None = None
+        self.request_metrics: RequestMetrics | None = None
+        self.metrics: ServerMetrics | None = None
+        self.served: ServedModel | None = None
+
+    def attach(self, engine: AsyncEngine, tokenizer: Tokenizer, info: ServerInfo, request_metrics: RequestMetrics,
+               chat_format: ChatFormat | None = None) -> None:
+        """The engine has loaded, warmed up and started (request_metrics among its observers): serve."""
+        self.engine, self.info, self.request_metrics = engine, info, request_metrics
+        self.metrics = ServerMetrics(engine, self.registry)
+        self.registry.register(EngineGauges(engine, info.model))
+        self.served = ServedModel(engine, tokenizer, chat_format or ChatFormat(tokenizer), info.model, info.serves,
+                                  self.metrics, keepalive_s=self.options.keepalive_s)
+        self.lifecycle.ready(engine)
 
     def make_app(self) -> web.Application:
-        app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
-        served = ServedModel(self.engine, self.tokenizer, self.chat_format, self.info.model, self.info.serves,
-                             self.metrics)
-        tokenization = Tokenization(served)
+        open_paths = ALWAYS_OPEN + (METRICS_PATHS if self.options.metrics_public else ())
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[
+            self.openai_errors,
+            require_api_key(self.options.api_keys, open_paths),
+            lifecycle_gate(self.lifecycle, ALWAYS_OPEN, METRICS_PATHS),
+            self.admission.middleware(is_generation),
+        ])
         app.router.add_get("/health", self.health)
+        app.router.add_get("/openapi.json", self.openapi)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics_endpoint)
         app.router.add_get("/metrics/prometheus", self.metrics_prometheus)
-        app.router.add_post("/v1/chat/completions", ChatCompletions(served).handle)
-        app.router.add_post("/v1/completions", Completions(served).handle)
-        app.router.add_post("/tokenize", tokenization.tokenize)
-        app.router.add_post("/detokenize", tokenization.detokenize)
+        app.router.add_post("/v1/chat/completions", self._handler(lambda served: ChatCompletions(served).handle))
+        app.router.add_post("/v1/completions", self._handler(lambda served: Completions(served).handle))
+        app.router.add_post("/tokenize", self._handler(lambda served: Tokenization(served).tokenize))
+        app.router.add_post("/detokenize", self._handler(lambda served: Tokenization(served).detokenize))
         return app
 
-    # --- simple endpoints ---------------------------------------------------------------
+    @web.middleware
+    async def openai_errors(self, request: web.Request, handler) -> web.StreamResponse:
+        """Turn every failure into an OpenAI error body; bad input is never a 500."""
+        try:
+            return await handler(request)
+        except InvalidRequest as exc:
+            return json_response(error_body(str(exc), param=exc.param), status=400)
+        except EngineFailure as exc:  # before any SSE byte: the status can still say it
+            unavailable = isinstance(exc, EngineUnavailable)
+            headers = {"Retry-After": str(self.admission.retry_after_s())} if isinstance(exc, QueueTimeout) else None
+            return json_response(error_body(str(exc), type_="server_error", code=FAILURE_CODES.get(type(exc))),
+                                 status=503 if unavailable else 500, headers=headers)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            message = {404: f"no route {request.method} {request.path}",
+                       405: f"method {request.method} not allowed on {request.path}",
+                       413: f"request body exceeds {MAX_BODY_BYTES} bytes"}.get(exc.status, exc.reason)
+            return json_response(error_body(message), status=exc.status, headers=headers)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception:
+            log.exception("unhandled error in %s %s", request.method, request.path)
+            return json_response(error_body("internal server error", type_="server_error"), status=500)
+
+    # --- endpoints ----------------------------------------------------------------------
+    def _handler(self, make: Callable[[ServedModel], Callable[[web.Request], Awaitable[web.StreamResponse]]]):
+        """A route to an OpenAI handler, made once the model is attached (the lifecycle gate
+        keeps requests out until then)."""
+        handlers: list = []
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            if not handlers:
+                handlers.append(make(self.served))
+            return await handlers[0](request)
+
+        return handle
+
     async def health(self, request: web.Request) -> web.Response:
-        i = self.info
-        return json_response({"status": "ok", "model": i.model, "backend": i.backend, "quant": i.quant,
-                              "block_size": i.block_size, "kv_blocks_total": i.kv_blocks_total,
-                              "max_batch": i.max_batch})
+        status = self.lifecycle.status
+        body: dict = {"status": status}
+        if self.info is not None:
+            i = self.info
+            body.update(model=i.model, backend=i.backend, quant=i.quant, block_size=i.block_size,
+                        kv_blocks_total=i.kv_blocks_total, max_batch=i.max_batch)
+        return json_response(body, status=200 if status == "ok" else 503)
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        info = self.info
+        return json_response(openapi_document(info.model if info else None, bool(self.options.api_keys),
+                                              self.options.metrics_public, info.max_seq_len if info else None))
 
     async def models(self, request: web.Request) -> web.Response:
         return json_response({"object": "list", "data": [

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..config import BATCHING_MODES, EngineConfig
 from ..errors import QwenServeError
+from .auth import ENV_VAR as API_KEY_ENV
+from .auth import is_loopback, keys_from
+
+if TYPE_CHECKING:
+    from .serve import ServeSettings
 
 DEFAULTS = EngineConfig()
 COMMANDS: dict[str, str] = {  # subcommand name -> module with main(argv)
@@ -44,6 +50,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how replies separate reasoning: qwen3 | none (default: qwen3 if the chat template writes <think>)")
     p.add_argument("--tool-call-parser", default=None, help="how replies' tool calls are read: hermes | qwen3 | none "
                    "(default: hermes)")
+    p.add_argument("--scheduling-policy", default=DEFAULTS.scheduling_policy,
+                   help="fcfs | priority (requests' 'priority' field: lower first; preempts lower priorities "
+                        "when KV blocks run out)")
+    s = p.add_argument_group("serving under load")
+    s.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help=f"require 'Authorization: Bearer KEY' on every route but /health (repeat for several keys; "
+                        f"also ${API_KEY_ENV}, comma-separated)")
+    s.add_argument("--metrics-public", action="store_true", help="serve /metrics without an API key")
+    s.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait beyond the running batch; past that HTTP 429 (default 64)")
+    s.add_argument("--queue-timeout", type=float, default=None, metavar="SECONDS",
+                   help="fail a request not scheduled within SECONDS with HTTP 503 (default: wait)")
+    s.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM/SIGINT, let in-flight requests finish for up to SECONDS, then abort (default 30)")
+    s.add_argument("--sse-keepalive", type=float, default=5.0, metavar="SECONDS",
+                   help="send an SSE ': keep-alive' comment after SECONDS without an event; 0: never (default 5)")
+    s.add_argument("--log-requests", action="store_true", help="one JSON line per finished request on stderr")
+    s.add_argument("--log-prompts", action="store_true", help="with --log-requests: include the prompt text")
     p.add_argument("--prompt", default=None, help="answer one chat message and exit instead of serving")
     p.add_argument("--max-tokens", type=int, default=256, help="with --prompt: tokens to generate at most")
     return p
@@ -54,7 +78,31 @@ def engine_options(args: argparse.Namespace) -> dict:
         max_batch=args.max_batch, kv_blocks=args.kv_blocks, block_size=args.block_size,
         chunk_size=args.chunk_size, step_budget=args.step_budget, max_seq_len=args.max_seq_len,
         prefix_cache=not args.no_prefix_cache, seed=args.seed, batching=args.batching,
+        scheduling_policy=args.scheduling_policy,
     )
+
+
+def serve_settings(args: argparse.Namespace, config: EngineConfig) -> "ServeSettings":
+    """The serving flags, checked (a ValueError is the one-line CLI error)."""
+    from .app import ServerOptions
+    from .serve import ServeSettings
+
+    if args.max_queue < 0:
+        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.queue_timeout is not None and not args.queue_timeout > 0:
+        raise ValueError(f"--queue-timeout must be > 0 seconds, got {args.queue_timeout:g}")
+    for flag, value in (("--shutdown-timeout", args.shutdown_timeout), ("--sse-keepalive", args.sse_keepalive)):
+        if not value >= 0:
+            raise ValueError(f"{flag} must be >= 0 seconds, got {value:g}")
+    if args.log_prompts and not args.log_requests:
+        raise ValueError("--log-prompts needs --log-requests")
+    options = ServerOptions(max_batch=config.max_batch, max_queue=args.max_queue,
+                            api_keys=keys_from(args.api_key, os.environ.get(API_KEY_ENV)),
+                            metrics_public=args.metrics_public, keepalive_s=args.sse_keepalive)
+    return ServeSettings(args.host, args.port, args.quant, args.served_model_name, args.model, options,
+                         queue_timeout_s=args.queue_timeout, shutdown_timeout_s=args.shutdown_timeout,
+                         log_requests=args.log_requests, log_prompts=args.log_prompts,
+                         reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,17 +122,11 @@ def run(args: argparse.Namespace) -> int:
     from ..engine.builder import build_engine
     from ..engine.sampling_params import SamplingParams
     from ..models.memory_plan import format_memory_plan
-    from ..openai.chat_format import ChatFormat, check_parser_names
 
-    check_parser_names(args.reasoning_parser, args.tool_call_parser)  # a typo fails before the model loads
+    if args.prompt is None:
+        return run_server(args)
     parts = build_engine(args.model, args.backend, args.kv_cache, args.dtype, args.quant, **engine_options(args))
     print(format_memory_plan(parts, args.dtype, args.quant), file=sys.stderr)
-    if args.prompt is None:
-        from .serve import serve
-
-        chat_format = ChatFormat(parts.tokenizer, args.reasoning_parser, args.tool_call_parser)
-        serve(parts, args.host, args.port, args.quant, args.served_model_name, args.model, chat_format)
-        return 0
     ids = parts.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
     seq = parts.engine.add_request("cli", ids, SamplingParams(max_tokens=args.max_tokens))
     while not seq.is_finished:
@@ -92,3 +134,31 @@ def run(args: argparse.Namespace) -> int:
             print(out.new_text, end="", flush=True)
     print()
     return 0
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """Check every flag and plugin name, open the port, then load the model behind it."""
+    from ..engine.builder import build_engine
+    from ..models.memory_plan import format_memory_plan
+    from ..openai.chat_format import check_parser_names
+    from ..registry import load_registry
+    from .serve import serve, warm_up
+
+    check_parser_names(args.reasoning_parser, args.tool_call_parser)  # a typo fails before the model loads
+    options = engine_options(args)
+    settings = serve_settings(args, EngineConfig(**options))
+    if not settings.options.api_keys and not is_loopback(args.host):
+        print(f"qwen-serve: warning: listening on {args.host} without an API key: anyone who can reach this "
+              f"port can use the model (set --api-key or ${API_KEY_ENV})", file=sys.stderr, flush=True)
+    registry = load_registry()
+    registry.kv_cache_factory(args.kv_cache)
+    registry.backend(args.backend)
+
+    def load():
+        parts = build_engine(args.model, args.backend, args.kv_cache, args.dtype, args.quant, registry=registry,
+                             **options)
+        print(format_memory_plan(parts, args.dtype, args.quant), file=sys.stderr, flush=True)
+        warm_up(parts)
+        return parts
+
+    return serve(load, settings)

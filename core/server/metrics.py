@@ -1,8 +1,10 @@
 """Serving metrics: one set of figures, two expositions (flat JSON and Prometheus text).
 
 The engine thread publishes an immutable EngineSnapshot (qwen_serve.engine.stats) after every
-step; the event loop records request latencies. Prometheus text is produced by prometheus-client from a collector
-that reads the same figures the JSON shows.
+step; the event loop records request latencies. Prometheus text is produced by prometheus-client
+from a collector that reads the same figures the JSON shows (`qwen_serve_*` names), next to the
+vLLM-named histograms, counters and gauges of qwen_serve.server.prometheus (`qwen_serve:*`) in
+the same registry.
 """
 from __future__ import annotations
 
@@ -30,13 +32,13 @@ def percentiles(samples: Iterable[float]) -> dict[str, float]:
 
 
 class ServerMetrics:
-    def __init__(self, snapshot_source: Any) -> None:
+    def __init__(self, snapshot_source: Any, registry: CollectorRegistry | None = None) -> None:
         self._source = snapshot_source  # has .snapshot (an EngineSnapshot)
         self.started = time.monotonic()
         self.requests_total = 0
         self.ttft_ms: deque[float] = deque(maxlen=WINDOW)
         self.tpot_ms: deque[float] = deque(maxlen=WINDOW)
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
     def record_request(self) -> None:

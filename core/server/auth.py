@@ -1,0 +1,59 @@
+"""API keys (--api-key, QWEN_SERVE_API_KEY): `Authorization: Bearer KEY` on every route but
+the open ones, compared in constant time, 401 with an OpenAI error body otherwise."""
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from typing import Collection, Iterable
+
+from aiohttp import web
+
+from ..openai.responses import error_body, json_response
+
+ENV_VAR = "QWEN_SERVE_API_KEY"  # one key, or several separated by commas
+
+
+class ApiKeys:
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._keys = tuple(dict.fromkeys(k.encode() for k in keys if k))
+
+    def __bool__(self) -> bool:
+        return bool(self._keys)
+
+    def accepts(self, authorization: str | None) -> bool:
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        presented = token.strip().encode()
+        matched = False
+        for key in self._keys:  # every key is compared, so the time says nothing about which matched
+            matched |= hmac.compare_digest(presented, key)
+        return matched
+
+
+def keys_from(flags: Iterable[str] | None, env_value: str | None) -> ApiKeys:
+    from_env = [k.strip() for k in (env_value or "").split(",")]
+    return ApiKeys([*(flags or ()), *from_env])
+
+
+def require_api_key(keys: ApiKeys, open_paths: Collection[str]):
+    """Middleware: without keys, everything is open."""
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler) -> web.StreamResponse:
+        if not keys or request.path in open_paths or keys.accepts(request.headers.get("Authorization")):
+            return await handler(request)
+        return json_response(
+            error_body("missing or incorrect API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"),
+            status=401, headers={"WWW-Authenticate": "Bearer"})
+
+    return authenticate
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: assume it reaches beyond this machine
+        return False

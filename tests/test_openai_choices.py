@@ -15,6 +15,7 @@ import pytest
 import tokenizers
 from aiohttp import web
 from chat_stream import JoinedStream, reply_message
+from prometheus_client import CollectorRegistry
 
 from qwen_serve.conformance.models import QWEN3_CHAT_TEMPLATE
 from qwen_serve.conformance.qwen_tokenizer import qwen_tokenizer_json_path
@@ -22,7 +23,8 @@ from qwen_serve.conformance.server_process import LOOPBACK, free_port
 from qwen_serve.engine.detokenizer import IncrementalDetokenizer
 from qwen_serve.engine.engine import RequestOutput
 from qwen_serve.models.tokenizer import Tokenizer
-from qwen_serve.server.app import ChatServer, ServerInfo
+from qwen_serve.server.app import ChatServer, ServerInfo, ServerOptions
+from qwen_serve.server.prometheus import RequestMetrics
 
 SCRIPTS = [  # choice i answers with SCRIPTS[i]
     "<think>\nFirst choice thinks.\n</think>\n\nFirst answer.",
@@ -47,7 +49,10 @@ class InterleavedChoices:
         self.engine = SimpleNamespace(model_config=SimpleNamespace(vocab_size=151936), max_seq_len=4096)
         self.requests: list[tuple[str, int]] = []
 
-    def generate(self, request_id, prompt, params, arrival_time):
+    def is_alive(self) -> bool:
+        return True
+
+    def generate(self, request_id, prompt, params, arrival_time, priority=0):
         self.requests.append((request_id, params.n))
         return self._outputs(request_id, params.n)
 
@@ -75,7 +80,10 @@ def served(tokenizer, scenario):
     async def main():
         engine = InterleavedChoices(tokenizer)
         info = ServerInfo("stand-in", (), "none", "none", 16, 512, 8)
-        runner = web.AppRunner(ChatServer(engine, tokenizer, info).make_app())
+        registry = CollectorRegistry(auto_describe=False)
+        server = ChatServer(ServerOptions(), registry)
+        server.attach(engine, tokenizer, info, RequestMetrics(registry, info.model))
+        runner = web.AppRunner(server.make_app())
         await runner.setup()
         port = free_port()
         await web.TCPSite(runner, LOOPBACK, port).start()

@@ -53,6 +53,8 @@ def integer(body: dict, name: str, default: int | None, low: int, high: int | No
     value = body.get(name)
     if value is None:
         return default
+    if isinstance(value, float) and value.is_integer():  # 8.0 is an integer to JSON Schema (and pydantic)
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequest(f"'{field}' must be an integer", param=field)
     if value < low or (high is not None and value > high):

@@ -110,12 +110,9 @@ Outputs = AsyncIterator[tuple[int, RequestOutput, int]]
 async def answer_json(served: ServedModel, outputs: Outputs, tally: ReplyTally, choices: Sequence[StreamedChoice],
                       body: Callable[[list[dict[str, Any]], dict[str, Any]], dict[str, Any]]) -> web.Response:
     """Collect every choice, then answer ``body(choices, usage)`` (a 500 if the engine failed)."""
-    try:
-        async for index, out, request in outputs:
-            tally.record(out, index, request)
-            choices[index].record(out)
-    except EngineFailure as exc:
-        return json_response(error_body(str(exc), type_="server_error"), status=500)
+    async for index, out, request in outputs:  # an EngineFailure: the error middleware answers with its status
+        tally.record(out, index, request)
+        choices[index].record(out)
     if tally.failed:
         return json_response(error_body("internal error while generating", type_="server_error"), status=500)
     served.record_finished(tally)

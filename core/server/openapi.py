@@ -28,18 +28,28 @@ def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 TEXT_PART = {"type": "object", "required": ["type", "text"],
              "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
-MESSAGE = {
-    "type": "object", "required": ["role"],
-    "properties": {
-        "role": {"enum": list(ROLES)},
-        "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART}, {"type": "null"}],
-                    "description": "null only on an assistant message with tool_calls"},
-        "tool_calls": {"type": "array", "items": {"type": "object"}, "description": "assistant messages"},
-        "tool_call_id": {"type": "string", "description": "tool messages"},
-        "reasoning_content": {"type": "string"},
-        "name": {"type": "string"},
-    },
-}
+CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART}]}
+TOOL_CALL = {"type": "object", "required": ["id", "function"], "properties": {
+    "id": {"type": "string"}, "type": {"const": "function"},
+    "function": {"type": "object", "required": ["name", "arguments"], "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "arguments": {"type": "string", "description": "a JSON object as a string"}}}}}
+MESSAGE = {"anyOf": [  # by role, as qwen_serve.openai.messages reads them
+    {"type": "object", "required": ["role", "content"],
+     "properties": {"role": {"enum": [r for r in ROLES if r not in ("assistant", "tool")]}, "content": CONTENT,
+                    "name": {"type": "string"}, "tool_calls": {"type": "null"}}},
+    {"type": "object", "required": ["role", "content"],
+     "properties": {"role": {"const": "assistant"}, "content": CONTENT,
+                    "tool_calls": {"type": "array", "items": TOOL_CALL},
+                    "reasoning_content": {"type": "string"}, "name": {"type": "string"}}},
+    {"type": "object", "required": ["role", "tool_calls"],
+     "properties": {"role": {"const": "assistant"}, "content": {"type": "null"},
+                    "tool_calls": {"type": "array", "minItems": 1, "items": TOOL_CALL},
+                    "reasoning_content": {"type": "string"}, "name": {"type": "string"}}},
+    {"type": "object", "required": ["role", "content", "tool_call_id"],
+     "properties": {"role": {"const": "tool"}, "content": CONTENT, "tool_call_id": {"type": "string"},
+                    "name": {"type": "string"}, "tool_calls": {"type": "null"}}},
+]}
 TOKEN_ID = {"type": "integer", "minimum": 0, "description": "below the vocabulary size"}
 TOKEN_IDS = {"type": "array", "minItems": 1, "items": TOKEN_ID}
 NONNEGATIVE_INT = {"type": "integer", "minimum": 0}
@@ -68,6 +78,9 @@ SAMPLING = {  # the fields chat and legacy completions share (qwen_serve.openai.
                  "description": "lower is served first (--scheduling-policy priority); other than 0 is a "
                                 "400 under fcfs"},
 }
+SSE_EVENT = {"type": "object", "required": ["data"], "description": "each event's data is a chunk as JSON, the "
+             "last one [DONE]", "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
+STREAM_OPTIONS_NEED_STREAM = {"stream_options": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
 TOOL = {"type": "object", "required": ["type", "function"],
         "properties": {"type": {"const": "function"}, "function": {
             "type": "object", "required": ["name"],
@@ -87,12 +100,17 @@ CHAT_REQUEST = {
             "type": "object", "required": ["type", "function"],
             "properties": {"type": {"const": "function"}, "function": {
                 "type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]},
-        "response_format": {"type": "object", "required": ["type"], "properties": {
-            "type": {"enum": ["text", "json_object", "json_schema"]},
-            "json_schema": {"type": "object", "description": "name and schema"}}},
+        "response_format": {"oneOf": [
+            {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+            {"type": "object", "required": ["type", "json_schema"], "properties": {
+                "type": {"const": "json_schema"},
+                "json_schema": {"type": "object", "required": ["name", "schema"], "properties": {
+                    "name": {"type": "string"}, "schema": {"type": "object"}, "strict": {"type": "boolean"}}}}}]},
         "chat_template_kwargs": {"type": "object", "description": "e.g. {\"enable_thinking\": false}"},
         "reasoning_effort": {"enum": list(REASONING_EFFORTS), "description": "none: enable_thinking false"},
     },
+    "dependentSchemas": {**STREAM_OPTIONS_NEED_STREAM,
+                         "top_logprobs": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}},
 }
 COMPLETION_REQUEST = {
     "type": "object", "required": ["prompt"],
@@ -104,6 +122,7 @@ COMPLETION_REQUEST = {
         "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
         "best_of": {"type": "integer", "minimum": 1, "description": "only equal to n"},
     },
+    "dependentSchemas": STREAM_OPTIONS_NEED_STREAM,
 }
 TOKENIZE_REQUEST = {
     "type": "object", "description": "either prompt or messages",
@@ -154,7 +173,7 @@ COMPLETION = {
 TOKENIZED = {"type": "object", "required": ["tokens", "count"],
              "properties": {"tokens": {"type": "array", "items": {"type": "integer"}}, "count": NONNEGATIVE_INT,
                             "max_model_len": {"type": ["integer", "null"]},
-                            "token_strs": {"type": "array", "items": {"type": "string"}}}}
+                            "token_strs": {"type": ["array", "null"], "items": {"type": "string"}}}}
 DETOKENIZED = {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}
 HEALTH = {"type": "object", "required": ["status"],
           "properties": {"status": {"enum": ["ok", "loading", "draining", "dead"]}, "model": {"type": "string"},
@@ -194,7 +213,7 @@ def _generating(operation_id: str, request: str, response: str, unauthorized: di
             "200": {"description": "a reply, or with stream: true Server-Sent Events (chunks, "
                                    "`: keep-alive` comments while waiting, then `data: [DONE]`)",
                     "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{response}"}},
-                                "text/event-stream": {"schema": {"type": "string"}}}},
+                                "text/event-stream": {"schema": SSE_EVENT}}},
             "400": _error("invalid request"), **unauthorized,
             "404": _error("model not served"), "413": _error("request body too large"),
             "429": _error("--max-queue requests are already waiting", RETRY_AFTER),

@@ -100,9 +100,10 @@ async def _serve(load: Callable[[], Any], s: ServeSettings) -> int:
 
 def warm_up(parts: Any) -> None:
     """One short greedy generation through the whole engine (prefill and a decode step), so
-    the first real request does not pay for lazy initialisation."""
+    the first real request does not pay for lazy initialisation. Seeded, so a backend whose
+    sampler follows the seed (the tests' scripted one) sees a fixed request."""
     prompt = parts.tokenizer.encode(WARMUP_TEXT)[: parts.engine_config.block_size - 2]
-    parts.engine.run([("warm-up", prompt, SamplingParams(max_tokens=2, temperature=0.0))])
+    parts.engine.run([("warm-up", prompt, SamplingParams(max_tokens=2, temperature=0.0, seed=0))])
 
 
 async def _in_thread(fn: Callable[[], Any]) -> Any:

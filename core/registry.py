@@ -25,6 +25,7 @@ BUILTIN_PLUGINS = {
     "torch": "qwen_serve.backends.torch_cpu.plugin",
     "mlx": "qwen_serve.backends.mlx.plugin",
     "kv_caches": "qwen_serve.kv.plugin",
+    "int8_kv": "qwen_serve.plugins.int8_kv.plugin",
 }
 
 

@@ -26,6 +26,7 @@ BUILTIN_PLUGINS = {
     "mlx": "qwen_serve.backends.mlx.plugin",
     "kv_caches": "qwen_serve.kv.plugin",
     "int8_kv": "qwen_serve.plugins.int8_kv.plugin",
+    "sliding_window": "qwen_serve.plugins.sliding_window.plugin",
 }
 
 

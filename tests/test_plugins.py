@@ -17,7 +17,7 @@ from qwen_serve.registry import load_registry, make_plugin_manager
 def test_builtins_are_registered_without_entry_points():
     registry = load_registry(env={"QWEN_SERVE_PLUGINS": ""})
     assert {"torch", "mlx"} <= set(registry.backends)
-    assert {"paged", "naive", "paged-int8"} <= set(registry.kv_caches)
+    assert {"paged", "naive", "paged-int8", "sliding-window"} <= set(registry.kv_caches)
 
 
 def test_unknown_names_give_one_line_errors_naming_what_is_installed():
@@ -94,7 +94,7 @@ def test_duplicate_names_are_refused():
 def test_env_var_restricts_entry_point_plugins():
     pm = make_plugin_manager(env={"QWEN_SERVE_PLUGINS": ""})
     names = {name for name, _ in pm.list_name_plugin()}
-    assert names == {"torch", "mlx", "kv_caches", "int8_kv"}
+    assert names == {"torch", "mlx", "kv_caches", "int8_kv", "sliding_window"}
 
 
 @pytest.mark.parametrize("flags, needle", [

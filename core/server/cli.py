@@ -15,14 +15,16 @@ from ..config import EngineConfig
 from ..errors import QwenServeError
 
 DEFAULTS = EngineConfig()
-COMMANDS: dict[str, str] = {}  # subcommand name -> module with main(argv)
+COMMANDS: dict[str, str] = {  # subcommand name -> module with main(argv)
+    "kv-table": "qwen_serve.kv.kv_table",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qwen-serve", description="Serve a Qwen3-family model on CPU.")
     p.add_argument("--model", default=None, help="HF checkpoint dir, .gguf file or hub id (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--backend", default="torch", help="compute backend plugin (torch, mlx, ...)")
-    p.add_argument("--kv-cache", default="paged", help="KV cache plugin (paged, naive, ...)")
+    p.add_argument("--kv-cache", default="paged", help="KV cache plugin (paged, naive, paged-int8, sliding-window, ...)")
     p.add_argument("--kv-window", type=int, default=None,
                    help="with a sliding-window KV cache: positions each query attends over (tokens)")
     p.add_argument("--quant", default="none", help="weight quantization: none | int4")

@@ -210,7 +210,7 @@ def test_declared_windows_are_read_by_transformers_rule():
 def test_window_mismatches_are_refused(windowed_qwen3, full_qwen3):
     with pytest.raises(ValueError, match="use --kv-cache sliding-window"):
         LLM(str(windowed_qwen3), kv_cache="paged")
-    with pytest.raises(ValueError, match="declares a sliding window of 24 tokens, but the KV cache attends over 8"):
+    with pytest.raises(ValueError, match="declares a sliding window of 24 tokens, but the KV cache attends over 8 tokens"):
         LLM(str(windowed_qwen3), kv_cache="sliding-window", kv_window=8)
     with pytest.raises(ValueError, match="needs a window"):
         LLM(str(full_qwen3), kv_cache="sliding-window")

@@ -16,6 +16,7 @@ import argparse
 import json
 import re
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from .geometry import QWEN3_FAMILY, WEIGHT_BYTES, KVGeometry
@@ -51,7 +52,7 @@ def resolve_model(name: str) -> KVGeometry:
     for geometry in QWEN3_FAMILY:
         if geometry.name.lower().removeprefix("qwen3-") == wanted:
             return geometry
-    if "/" in name or name.endswith(".json"):
+    if Path(name).exists() or "/" in name or name.endswith(".json"):
         return KVGeometry.from_config_file(name)
     raise ValueError(f"unknown model {name!r}: built in are {', '.join(g.name for g in QWEN3_FAMILY)}, "
                      "or give a config.json path")

@@ -45,6 +45,6 @@ def check_attention_window(model: ModelConfig, config: EngineConfig, cache: Any)
                          f"layer, but the KV cache {name} keeps every position; use --kv-cache sliding-window")
     if model.sliding_window is not None and cache.window != model.sliding_window:
         raise ValueError(f"{model.name} declares a sliding window of {model.sliding_window} tokens, but the KV "
-                         f"cache attends over {cache.window}")
+                         f"cache attends over {cache.window} tokens")
     if config.kv_window is not None and not slides:
         raise ValueError(f"--kv-window {config.kv_window} needs a sliding-window KV cache; {name} keeps every position")

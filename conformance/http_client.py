@@ -11,7 +11,8 @@ from .server_process import ServerProcess
 
 @contextlib.contextmanager
 def running_server(impl: Implementation, model: str, *extra: str) -> Iterator[ServerProcess]:
-    server = ServerProcess(["--model", model, "--backend", impl.backend, "--kv-cache", impl.kv_cache, *extra],
+    server = ServerProcess(["--model", model, "--backend", impl.backend, "--kv-cache", impl.kv_cache,
+                            *impl.cli_flags(), *extra],
                            startup_timeout_s=300.0).start()
     try:
         yield server

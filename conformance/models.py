@@ -47,19 +47,24 @@ def smollm2_gguf() -> Path:
 
 
 def make_qwen3_checkpoint(directory: Path, geometry: Qwen3Geometry = Qwen3Geometry(), seed: int = 0,
-                          dtype: str = "float32", init_std: float = 0.2) -> Path:
+                          dtype: str = "float32", init_std: float = 0.2, sliding_window: int | None = None) -> Path:
     """Write an HF checkpoint directory with random weights; returns the directory.
 
     init_std 0.2 (not the 0.02 of training init) gives peaked, varied logits, so greedy
-    comparisons test real token choices instead of one token repeated."""
+    comparisons test real token choices instead of one token repeated. With sliding_window W
+    every layer attends over the last W positions only (use_sliding_window, max_window_layers 0),
+    and transformers itself is the reference for that attention; the weights are the same as
+    without it for the same seed."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    window = {} if sliding_window is None else dict(use_sliding_window=True, sliding_window=sliding_window,
+                                                    max_window_layers=0)
     config = Qwen3Config(
         **asdict(geometry), bos_token_id=ENDOFTEXT, eos_token_id=IM_END, pad_token_id=ENDOFTEXT,
-        initializer_range=init_std, torch_dtype=dtype,
+        initializer_range=init_std, torch_dtype=dtype, **window,
     )
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).to(getattr(torch, dtype)).eval()

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from qwen_serve.protocols import PrefixCaching, ReservesAhead
+from qwen_serve.protocols import LossyKV, PrefixCaching, ReservesAhead, SlidingWindow
+
+# A sliding-window cache runs every check with this window (tokens): shorter than check 2's long
+# prompts (> 128 tokens), so the window binds there and in a decode past it.
+CONFORMANCE_WINDOW = 64
 
 
 def lacks_prefix_sharing(cache: Any) -> str | None:
@@ -34,3 +38,39 @@ def computes_serially(backend: Any) -> str | None:
     library multiplies a batch of rows no faster than the rows one by one, so batching cannot
     speed it up (check 3)."""
     return getattr(backend, "serial_compute", None)
+
+
+def engine_options_for(cache: Any) -> dict[str, Any]:
+    """Engine options a cache needs to run the checks, read from an instance: a SlidingWindow
+    cache gets the suite's window."""
+    return {"kv_window": CONFORMANCE_WINDOW} if isinstance(cache, SlidingWindow) else {}
+
+
+def lossy(cache: Any) -> str | None:
+    """A LossyKV cache cannot promise transformers' greedy tokens (check 2): it is compared with the
+    exact cache it approximates, by top-1 agreement and the largest logit difference."""
+    if isinstance(cache, LossyKV):
+        return (f"{type(cache).__name__} stores keys/values approximately (LossyKV): compared with the "
+                f"{cache.exact_counterpart!r} cache by logits")
+    return None
+
+
+def window_of(cache: Any) -> int | None:
+    return cache.window if isinstance(cache, SlidingWindow) else None
+
+
+def no_windowed_reference(cache: Any, model: str) -> str | None:
+    """transformers has sliding-window attention for Qwen3 but not for Llama (SmolLM2), so a
+    windowed cache takes check 2 against a windowed Qwen3 only."""
+    if isinstance(cache, SlidingWindow) and model == "smollm2":
+        return (f"{type(cache).__name__} attends over the last {cache.window} positions only (SlidingWindow); "
+                f"transformers' Llama has no sliding-window attention to compare SmolLM2 with")
+    return None
+
+
+def holds_only_a_window(cache: Any) -> str | None:
+    """Check 5 expects every token's block to stay; a window cache gives back those behind it."""
+    if isinstance(cache, SlidingWindow):
+        return (f"{type(cache).__name__} keeps only each sequence's last {cache.window} positions (SlidingWindow): "
+                f"blocks behind the window go back to the pool")
+    return None

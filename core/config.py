@@ -5,9 +5,26 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from .kv.memory import kv_bytes_per_token
+
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "LlamaForCausalLM")
 BATCHING_MODES = ("continuous", "static")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+def sliding_window_layers(cfg: dict[str, Any]) -> tuple[int | None, tuple[bool, ...]]:
+    """(window, which layers attend over only the last `window` positions), by transformers'
+    rule for Qwen2/Qwen3 configs: nothing slides unless ``use_sliding_window``; then
+    ``layer_types`` says which layers do, or else every layer from ``max_window_layers`` on."""
+    layers = cfg["num_hidden_layers"]
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    if window is None:
+        return None, (False,) * layers
+    types = cfg.get("layer_types")
+    if types is None:
+        first = cfg.get("max_window_layers", layers)
+        return window, tuple(i >= first for i in range(layers))
+    return window, tuple(t == "sliding_attention" for t in types)
 
 
 @dataclass(frozen=True)
@@ -30,6 +47,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     name: str = "model"
+    sliding_window: int | None = None  # every layer attends over only the last this many positions
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any], name: str = "model") -> "ModelConfig":
@@ -39,8 +57,10 @@ class ModelConfig:
             raise ValueError(
                 f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
-        if cfg.get("use_sliding_window"):
-            raise ValueError("sliding-window attention checkpoints are not supported")
+        window, sliding = sliding_window_layers(cfg)
+        if any(sliding) and not all(sliding):
+            raise ValueError(f"hybrid attention is not supported: {sum(sliding)} of {len(sliding)} layers "
+                             f"attend over a sliding window of {window} tokens, the others over everything")
         heads = cfg["num_attention_heads"]
         # transformers 5 nests rope settings under rope_parameters; 4.x keeps rope_theta flat.
         rope = cfg.get("rope_parameters") or {}
@@ -67,6 +87,7 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
             name=name,
+            sliding_window=window if all(sliding) else None,
         )
 
     def with_eos(self, extra: tuple[int, ...]) -> "ModelConfig":
@@ -75,7 +96,7 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, bytes_per_elem: int) -> int:
         """2 (K and V) x layers x kv heads x head_dim x element size; no d_model, no n_heads."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_elem
+        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, bytes_per_elem)
 
 
 @dataclass(frozen=True)
@@ -93,6 +114,7 @@ class EngineConfig:
     seed: int | None = None
     batching: str = "continuous"  # or "static": a new batch only once the last one has finished
     scheduling_policy: str = "fcfs"  # "priority": lower request priority values are served first
+    kv_window: int | None = None  # for a sliding-window KV cache: positions each query attends over
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -100,6 +122,8 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.kv_window is not None and (not isinstance(self.kv_window, int) or self.kv_window <= 0):
+            raise ValueError(f"kv_window must be a positive integer, got {self.kv_window!r}")
         if self.max_seq_len is not None and self.max_seq_len <= 0:
             raise ValueError(f"max_seq_len must be positive, got {self.max_seq_len!r}")
         if self.batching not in BATCHING_MODES:

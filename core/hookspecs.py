@@ -18,7 +18,16 @@ def register_backends(register: Callable[..., None]) -> None:
 
 @hookspec
 def register_kv_caches(register: Callable[..., None]) -> None:
-    """Call register(name, factory) for each KV cache; factory(storage, engine_config) -> KVCache."""
+    """Call register(name, factory, storage_format=None) for each KV cache; factory(storage,
+    engine_config) -> KVCache. With a storage_format the cache gets that format's storage (see
+    register_kv_storages) instead of the backend's own float storage."""
+
+
+@hookspec
+def register_kv_storages(register: Callable[..., None]) -> None:
+    """Call register(storage_format, backend, create) for each KV storage format a plugin
+    provides on a backend (e.g. "int8" on "torch"); create(model_config, block_size, slab_blocks,
+    max_blocks) -> KVStorage."""
 
 
 @hookspec

@@ -48,6 +48,10 @@ class KVStorage(Protocol):
     def nbytes(self) -> int:
         """Bytes currently allocated."""
 
+    def bytes_per_token(self) -> int:
+        """Bytes one token's keys and values occupy in every layer, scales included (computed
+        with qwen_serve.kv.memory), so memory figures follow the storage, not the dtype flag."""
+
 
 @runtime_checkable
 class KVCache(Protocol):
@@ -101,6 +105,28 @@ class Forking(Protocol):
     """A cache that can share a sequence's blocks with a new one (copy-on-write)."""
 
     def fork(self, parent_id: int, child_id: int) -> None: ...
+
+
+@runtime_checkable
+class SlidingWindow(Protocol):
+    """A cache that keeps only each sequence's last ``window`` positions. A query at position q
+    attends to keys at positions window_start(q) .. q, where window_start(q) =
+    max(0, q - window + 1) (transformers' sliding-window mask); positions are absolute (RoPE is
+    applied before the write), and block-table entries of blocks wholly before a sequence's
+    window may be released (negative), so an executor gathers only positions inside it."""
+
+    window: int
+
+    def window_start(self, position: int) -> int: ...
+
+
+@runtime_checkable
+class LossyKV(Protocol):
+    """A cache whose reads approximate what was written (quantized storage), so greedy tokens may
+    drift from full precision. It names the exact cache with the same layout that it
+    approximates; the conformance suite compares the two by logits instead of by tokens."""
+
+    exact_counterpart: str  # registry name of that cache, e.g. "paged"
 
 
 @runtime_checkable

@@ -26,6 +26,8 @@ BUILTIN_PLUGINS = {
     "mlx": "qwen_serve.backends.mlx.plugin",
     "kv_caches": "qwen_serve.kv.plugin",
     "logits_processors": "qwen_serve.logits.plugin",
+    "int8_kv": "qwen_serve.plugins.int8_kv.plugin",
+    "sliding_window": "qwen_serve.plugins.sliding_window.plugin",
 }
 
 
@@ -46,6 +48,19 @@ class KVCacheEntry:
     name: str
     factory: Callable[..., Any]
     plugin: str = ""
+    storage_format: str | None = None  # None: the backend's own float storage in the chosen dtype
+
+
+@dataclass(frozen=True)
+class KVStorageEntry:
+    storage_format: str
+    backend: str
+    create: Callable[..., Any]  # (model_config, block_size, slab_blocks, max_blocks) -> KVStorage
+    plugin: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.storage_format} on {self.backend}"
 
 
 @dataclass(frozen=True)
@@ -62,6 +77,7 @@ class Registry:
     backends: dict[str, BackendEntry] = field(default_factory=dict)
     kv_caches: dict[str, KVCacheEntry] = field(default_factory=dict)
     logits_processors: dict[str, LogitsProcessorEntry] = field(default_factory=dict)  # applied in this order
+    kv_storages: dict[tuple[str, str], KVStorageEntry] = field(default_factory=dict)
     plugin_manager: pluggy.PluginManager | None = None
 
     def backend(self, name: str) -> Any:
@@ -86,6 +102,30 @@ class Registry:
                 f"unknown KV cache {name!r}; installed KV caches: {', '.join(sorted(self.kv_caches)) or 'none'}"
             )
         return entry.factory
+
+    def kv_storage_entry(self, kv_cache: str, backend: str) -> KVStorageEntry | None:
+        """What stores the named cache's keys/values on a backend: None for the backend's own
+        storage, else the entry of the storage format the cache asked for."""
+        self.kv_cache_factory(kv_cache)  # an unknown cache fails first, with its own message
+        fmt = self.kv_caches[kv_cache].storage_format
+        if fmt is None:
+            return None
+        entry = self.kv_storages.get((fmt, backend))
+        if entry is None:
+            offered = sorted(b for f, b in self.kv_storages if f == fmt)
+            raise PluginUnavailable(
+                f"KV cache {kv_cache!r} stores {fmt} keys/values, which no plugin provides on backend "
+                f"{backend!r}; it is available on: {', '.join(offered) or 'none'}"
+            )
+        return entry
+
+    def create_kv_storage(self, kv_cache: str, backend: Any, config: Any, dtype: str, block_size: int,
+                          slab_blocks: int, max_blocks: int) -> Any:
+        """The KVStorage the named cache is built on, for a loaded backend and a ModelConfig."""
+        entry = self.kv_storage_entry(kv_cache, backend.name)
+        if entry is None:
+            return backend.create_kv_storage(config, dtype, block_size, slab_blocks, max_blocks)
+        return entry.create(config, block_size, slab_blocks, max_blocks)
 
     def _installed_backends(self) -> str:
         names = [
@@ -128,9 +168,14 @@ def load_registry(env: Mapping[str, str] | None = None, pm: pluggy.PluginManager
             _claim(registry.backends, name, "backend", _p)
             registry.backends[name] = BackendEntry(name, load, tuple(requires), extra, _p)
 
-        def register_kv_cache(name: str, factory: Callable[..., Any], _p=plugin_name):
+        def register_kv_cache(name: str, factory: Callable[..., Any], storage_format: str | None = None,
+                              _p=plugin_name):
             _claim(registry.kv_caches, name, "KV cache", _p)
-            registry.kv_caches[name] = KVCacheEntry(name, factory, _p)
+            registry.kv_caches[name] = KVCacheEntry(name, factory, _p, storage_format)
+
+        def register_kv_storage(storage_format: str, backend: str, create: Callable[..., Any], _p=plugin_name):
+            _claim(registry.kv_storages, (storage_format, backend), "KV storage", _p)
+            registry.kv_storages[(storage_format, backend)] = KVStorageEntry(storage_format, backend, create, _p)
 
         def register_logits_processor(name: str, factory: Callable[..., Any], _p=plugin_name):
             _claim(registry.logits_processors, name, "logits processor", _p)
@@ -141,6 +186,7 @@ def load_registry(env: Mapping[str, str] | None = None, pm: pluggy.PluginManager
         caller("register_backends", remove_plugins=others)(register=register_backend)
         caller("register_kv_caches", remove_plugins=others)(register=register_kv_cache)
         caller("register_logits_processors", remove_plugins=others)(register=register_logits_processor)
+        caller("register_kv_storages", remove_plugins=others)(register=register_kv_storage)
     return registry
 
 

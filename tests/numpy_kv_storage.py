@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from qwen_serve.kv.memory import kv_bytes_per_token
+
 
 class NumpyKVStorage:
     def __init__(
@@ -41,10 +43,13 @@ class NumpyKVStorage:
     # --- sizes -----------------------------------------------------------------------------
     @property
     def bytes_per_block(self) -> int:
-        return 2 * self.num_layers * self.block_size * self.kv_heads * self.head_dim * self.dtype.itemsize
+        return self.bytes_per_token() * self.block_size
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+    def bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.num_layers, self.kv_heads, self.head_dim, self.dtype.itemsize)
 
     # --- KVStorage -------------------------------------------------------------------------
     def ensure_blocks(self, num_blocks: int) -> None:

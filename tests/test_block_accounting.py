@@ -37,12 +37,14 @@ def cdiv(a: int, b: int) -> int:
 
 
 def encode(layer: int, tokens, positions):
-    """K/V rows [n, 1, 2] that identify (layer, token id, position) exactly in float32."""
+    """K/V rows [n, 1, 2] that identify (layer, token id, position) exactly in float32, and
+    exactly in int8 with a per-row absmax scale too: each row is (127, c) x ident with c a small
+    integer, so its scale is ident and its codes are 127 and c (the int8 cache runs this machine)."""
     tok = np.asarray(tokens, dtype=np.float64)
     pos = np.asarray(positions, dtype=np.float64)
     ident = tok * 1000 + pos
-    keys = np.stack([ident, np.full_like(ident, layer)], axis=-1)[:, None, :]
-    values = np.stack([-ident, np.full_like(ident, layer + 10)], axis=-1)[:, None, :]
+    keys = np.stack([127 * ident, layer * ident], axis=-1)[:, None, :]
+    values = np.stack([-127 * ident, (layer + 10) * ident], axis=-1)[:, None, :]
     return keys.astype(np.float32), values.astype(np.float32)
 
 
@@ -86,8 +88,8 @@ class PagedCacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         n = self.NUM_BLOCKS
-        self.storage = NumpyKVStorage(LAYERS, 1, 2, BS, slab_blocks=SLAB, max_blocks=n)
-        self.cache = PagedKVCache(self.storage, BS, n, prefix_caching=self.PREFIX_CACHING)
+        self.storage = self.make_storage(n)
+        self.cache = self.make_cache(self.storage, n)
         # --- the model ---
         self.tables: dict[int, list[int]] = {}
         self.tokens: dict[int, list[int]] = {}  # what each sequence wrote, position by position
@@ -101,6 +103,14 @@ class PagedCacheMachine(RuleBasedStateMachine):
         self.cows = 0
         self.high_water = 0
         self.next_id = 0
+
+    # --- what is under test (a subclass may run another paged cache / storage) ----------
+    def make_storage(self, num_blocks: int):
+        """A KVStorage with ``copy_calls`` and ``bytes_per_block``, speaking numpy arrays."""
+        return NumpyKVStorage(LAYERS, 1, 2, BS, slab_blocks=SLAB, max_blocks=num_blocks)
+
+    def make_cache(self, storage, num_blocks: int):
+        return PagedKVCache(storage, BS, num_blocks, prefix_caching=self.PREFIX_CACHING)
 
     # --- model helpers -----------------------------------------------------------------
     def _new_id(self) -> int:

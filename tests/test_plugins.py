@@ -17,7 +17,7 @@ from qwen_serve.registry import load_registry, make_plugin_manager
 def test_builtins_are_registered_without_entry_points():
     registry = load_registry(env={"QWEN_SERVE_PLUGINS": ""})
     assert {"torch", "mlx"} <= set(registry.backends)
-    assert {"paged", "naive"} <= set(registry.kv_caches)
+    assert {"paged", "naive", "paged-int8", "sliding-window"} <= set(registry.kv_caches)
     assert list(registry.logits_processors) == ["penalties", "logit_bias", "min_tokens", "structured_output"]
 
 
@@ -95,7 +95,7 @@ def test_duplicate_names_are_refused():
 def test_env_var_restricts_entry_point_plugins():
     pm = make_plugin_manager(env={"QWEN_SERVE_PLUGINS": ""})
     names = {name for name, _ in pm.list_name_plugin()}
-    assert names == {"torch", "mlx", "kv_caches", "logits_processors"}
+    assert names == {"torch", "mlx", "kv_caches", "logits_processors", "int8_kv", "sliding_window"}
 
 
 @pytest.mark.parametrize("flags, needle", [

@@ -33,7 +33,9 @@ class CachedAttention:
             q = queries[span.rows].transpose(1, 0, 2)[None]  # [1, H, n, D]
             k = k_all[span.keys].transpose(1, 0, 2)[None]  # [1, Hkv, start + n, D]
             v = v_all[span.keys].transpose(1, 0, 2)[None]
-            # "causal" aligns the last query with the last key: query i sees positions <= start + i
-            o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask="causal")
+            # "causal" aligns the last query with the last key: query i sees positions <= start + i;
+            # a sliding window brings its own mask
+            mask = "causal" if span.mask is None else span.mask
+            o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
             outputs.append(o[0].transpose(1, 0, 2))
         return outputs[0] if len(outputs) == 1 else mx.concatenate(outputs, axis=0)

@@ -12,6 +12,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from qwen_serve.kv.memory import kv_bytes_per_token
 from qwen_serve.kv.slabs import SlabGrownStorage
 
 
@@ -59,6 +60,10 @@ class MLXKVStorage(SlabGrownStorage):
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (*self.keys, *self.values))
+
+    def bytes_per_token(self) -> int:
+        _, heads, head_dim = self.keys[0].shape
+        return kv_bytes_per_token(len(self.keys), heads, head_dim, self.dtype.size)
 
 
 def _as_index(slots: Any) -> mx.array:

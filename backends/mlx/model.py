@@ -15,7 +15,7 @@ import numpy as np
 from qwen_serve.config import ModelConfig
 from qwen_serve.errors import ModelLoadError
 from qwen_serve.models.checkpoint import PROJECTIONS
-from qwen_serve.protocols import KVCache, StepBatch
+from qwen_serve.protocols import KVCache, SlidingWindow, StepBatch
 from qwen_serve.quant.calibration import decoder_projections
 
 from .attention import CachedAttention
@@ -106,7 +106,8 @@ class DecoderModel:
                               for t in (layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm) if t is not None]
 
     def execute(self, batch: StepBatch, cache: KVCache) -> mx.array:
-        step = build_layout(batch, cache.block_size, cache.block_table)
+        sliding = cache if isinstance(cache, SlidingWindow) else None
+        step = build_layout(batch, cache.block_size, cache.block_table, sliding)
         eps = self.config.rms_norm_eps
         hidden = self.embedding.rows(step.token_ids)
         for index, layer in enumerate(self.layers):

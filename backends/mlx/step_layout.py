@@ -5,6 +5,8 @@ works token by token, so the row order is ours to choose, and with this one the 
 outputs (one call for all single-token chunks, one per prefill chunk) simply concatenate.
 ``sample_rows`` puts the logits back in the engine's chunk order. Every history a layer needs
 is gathered by one read of ``read_slots``: the padded decode histories, then each prefill's.
+A SlidingWindow cache holds only each sequence's last ``window`` positions: histories then start
+at the window (``cache.window_start``) and prefill masks exclude keys that left it.
 """
 from __future__ import annotations
 
@@ -14,13 +16,15 @@ from typing import Callable, Sequence
 import mlx.core as mx
 import numpy as np
 
-from qwen_serve.protocols import ScheduledChunk, StepBatch
+from qwen_serve.kv.window import visible_keys
+from qwen_serve.protocols import ScheduledChunk, SlidingWindow, StepBatch
 
 
 @dataclass(frozen=True)
 class PrefillSpan:
     rows: slice  # this chunk's queries among the step's rows
-    keys: slice  # its history (positions 0 .. start + n - 1) within the step's one read
+    keys: slice  # its history (positions first .. start + n - 1) within the step's one read
+    mask: mx.array | None = None  # [n, len(history)] True = may attend; None = "causal"
 
 
 @dataclass(frozen=True)
@@ -36,18 +40,24 @@ class StepLayout:
     sample_rows: mx.array  # rows whose logits are wanted, in chunk order
 
 
-def slots_for(block_table: Sequence[int], block_size: int, stop: int) -> np.ndarray:
-    """Slots of positions 0 .. stop - 1 through a block table, vectorized."""
+def slots_for(block_table: Sequence[int], block_size: int, stop: int, first: int = 0) -> np.ndarray:
+    """Slots of positions first .. stop - 1 through a block table, vectorized."""
+    first_block = first // block_size
     n_blocks = -(-stop // block_size)
-    blocks = np.asarray(block_table[:n_blocks], dtype=np.int64)
-    return (blocks[:, None] * block_size + np.arange(block_size)).reshape(-1)[:stop]
+    blocks = np.asarray(block_table[first_block:n_blocks], dtype=np.int64)
+    offset = first_block * block_size
+    return (blocks[:, None] * block_size + np.arange(block_size)).reshape(-1)[first - offset:stop - offset]
 
 
-def build_layout(batch: StepBatch, block_size: int, block_table: Callable[[int], Sequence[int]]) -> StepLayout:
+def build_layout(batch: StepBatch, block_size: int, block_table: Callable[[int], Sequence[int]],
+                 sliding: SlidingWindow | None = None) -> StepLayout:
+    window = sliding.window if sliding is not None else None
     decodes = [c for c in batch.chunks if len(c.token_ids) == 1]
     prefills = [c for c in batch.chunks if len(c.token_ids) > 1]
     ordered: list[ScheduledChunk] = decodes + prefills
-    histories = [slots_for(block_table(c.seq_id), block_size, c.start + len(c.token_ids)) for c in ordered]
+    firsts = [sliding.window_start(c.start) if sliding is not None else 0 for c in ordered]
+    histories = [slots_for(block_table(c.seq_id), block_size, c.start + len(c.token_ids), first)
+                 for c, first in zip(ordered, firsts)]
 
     last_row: dict[int, int] = {}
     row = 0
@@ -68,9 +78,13 @@ def build_layout(batch: StepBatch, block_size: int, block_table: Callable[[int],
 
     spans, reads = [], [padded.reshape(-1)]
     row, key = len(decodes), padded.size
-    for chunk, history in zip(prefills, histories[len(decodes):]):
+    for chunk, history, first in zip(prefills, histories[len(decodes):], firsts[len(decodes):]):
         n = len(chunk.token_ids)
-        spans.append(PrefillSpan(slice(row, row + n), slice(key, key + len(history))))
+        stop = chunk.start + n
+        # "causal" aligns the last query with the last key: exact unless the window cuts keys off
+        windowed = window is not None and stop > window
+        span_mask = mx.array(visible_keys(chunk.start, stop, first, window)) if windowed else None
+        spans.append(PrefillSpan(slice(row, row + n), slice(key, key + len(history)), span_mask))
         reads.append(history)
         row += n
         key += len(history)
@@ -78,7 +92,7 @@ def build_layout(batch: StepBatch, block_size: int, block_table: Callable[[int],
     return StepLayout(
         token_ids=_index([t for c in ordered for t in c.token_ids]),
         positions=_index(np.concatenate([np.arange(c.start, c.start + len(c.token_ids)) for c in ordered])),
-        write_slots=_index(np.concatenate([h[c.start:] for c, h in zip(ordered, histories)])),
+        write_slots=_index(np.concatenate([h[c.start - f:] for c, h, f in zip(ordered, histories, firsts)])),
         read_slots=_index(np.concatenate(reads)),
         num_decodes=len(decodes),
         decode_len=decode_len,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from qwen_serve.kv.memory import kv_bytes_per_token
 from qwen_serve.kv.slabs import SlabGrownStorage
 
 
@@ -46,3 +47,7 @@ class TorchKVStorage(SlabGrownStorage):
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def bytes_per_token(self) -> int:
+        _, heads, head_dim = self.keys[0].shape
+        return kv_bytes_per_token(len(self.keys), heads, head_dim, self.keys[0].element_size())

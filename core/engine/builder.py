@@ -8,10 +8,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..config import EngineConfig, ModelConfig
+from ..kv.window import check_attention_window, with_declared_window
 from ..models.checkpoint import Checkpoint, load_checkpoint
 from ..models.default_model import default_model_path
 from ..models.tokenizer import Tokenizer
-from ..protocols import Backend, Calibratable, KVCache, ModelExecutor
+from ..protocols import Backend, Calibratable, KVCache, KVStorage, ModelExecutor
 from ..quant.calibration import (
     calibration_token_lists,
     importance_key,
@@ -35,6 +36,7 @@ class EngineParts:
     model_config: ModelConfig
     engine_config: EngineConfig
     registry: Registry
+    storage: KVStorage  # what the cache keeps its keys/values in; the memory plan reads its sizes
 
 
 def build_engine(
@@ -55,24 +57,33 @@ def build_engine(
     config = EngineConfig(**engine_options)
     cache_factory = registry.kv_cache_factory(kv_cache)
     compute = registry.backend(backend)
+    registry.kv_storage_entry(kv_cache, backend)
     checkpoint = load_checkpoint(model if model is not None else default_model_path())
+    config = with_declared_window(checkpoint.config, config)
+
+    def new_cache(config: EngineConfig) -> tuple[KVCache, KVStorage]:
+        storage = registry.create_kv_storage(kv_cache, compute, checkpoint.config, dtype, config.block_size,
+                                             config.slab_blocks, config.kv_blocks)
+        cache = cache_factory(storage, config)
+        check_attention_window(checkpoint.config, config, cache)
+        return cache, storage
+
+    cache, storage = new_cache(config)  # storage grows on first use: building it now costs nothing
     importance = None
     if quant != "none" and calibrate:
-        importance = measure_importance(compute, checkpoint, dtype, cache_factory, config)
+        importance = measure_importance(compute, checkpoint, dtype, new_cache, config)
         gc.collect()  # the float model may sit in reference cycles: free it before loading again
     if importance is None:
         executor = compute.load_model(checkpoint, dtype=dtype, quant=quant)
     else:
         executor = compute.load_model(checkpoint, dtype=dtype, quant=quant, importance=importance)
-    storage = compute.create_kv_storage(checkpoint.config, dtype, config.block_size, config.slab_blocks, config.kv_blocks)
-    cache = cache_factory(storage, config)
     processors = [entry.factory(checkpoint.config, checkpoint.tokenizer) for entry in registry.logits_processors.values()]
     engine = Engine(executor, cache, compute.create_sampler(), checkpoint.tokenizer, config, processors)
     return EngineParts(engine, compute, executor, cache, checkpoint.tokenizer, checkpoint,
-                       checkpoint.config, config, registry)
+                       checkpoint.config, config, registry, storage)
 
 
-def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, cache_factory: Any,
+def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, new_cache: Any,
                        config: EngineConfig) -> dict[str, np.ndarray] | None:
     """Each projection's input importance: from the cache when this model, backend, dtype and
     text were measured before, else by loading the float model and running the calibration text
@@ -92,8 +103,8 @@ def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, cac
         return None
     # No prefix cache: every calibration token passes through the projections.
     config = replace(config, prefix_cache=False)
-    storage = compute.create_kv_storage(checkpoint.config, dtype, config.block_size, config.slab_blocks, config.kv_blocks)
-    engine = Engine(executor, cache_factory(storage, config), compute.create_sampler(), checkpoint.tokenizer, config)
+    cache, _ = new_cache(config)
+    engine = Engine(executor, cache, compute.create_sampler(), checkpoint.tokenizer, config)
     requests = [(f"calibration-{i}", tokens, SamplingParams(max_tokens=1, temperature=0.0))
                 for i, tokens in enumerate(token_lists)]
     importance = record_input_importance(executor, lambda: engine.run(requests))

@@ -1,9 +1,13 @@
-"""The start-up summary: geometry, KV bytes per token / block / pool, and weight bytes."""
+"""The start-up summary: geometry, KV bytes per token / block / pool, and weight bytes.
+
+KV sizes come from the storage the cache was built on (``KVStorage.bytes_per_token``), so a
+quantized cache shows its own figure, scales included, not one guessed from the dtype flag."""
 from __future__ import annotations
 
 from typing import Any
 
-BYTES_PER_ELEMENT = {"float32": 4, "bfloat16": 2, "float16": 2}
+from ..kv.memory import blocks_spanned
+from ..protocols import SlidingWindow
 
 
 def mib(n: int) -> str:
@@ -13,18 +17,24 @@ def mib(n: int) -> str:
 def format_memory_plan(parts: Any, dtype: str, quant: str) -> str:
     m = parts.model_config
     e = parts.engine_config
-    per_token = m.kv_bytes_per_token(BYTES_PER_ELEMENT.get(dtype, 4))
+    per_token = parts.storage.bytes_per_token()
     per_block = per_token * e.block_size
     lines = [
         f"model      {m.name} ({m.architecture}): {m.num_layers} layers, hidden {m.hidden_size}, "
         f"{m.num_heads} q heads / {m.num_kv_heads} kv heads x head_dim {m.head_dim}, vocab {m.vocab_size}",
-        f"backend    {parts.backend.name}, KV cache {type(parts.cache).__name__}, dtype {dtype}, quant {quant}",
+        f"backend    {parts.backend.name}, KV cache {type(parts.cache).__name__} on {type(parts.storage).__name__}, "
+        f"dtype {dtype}, quant {quant}",
         f"weights    {mib(parts.executor.weight_bytes())}",
         f"KV cache   {per_token:,} B/token ({per_token / 1024:.1f} KiB), {mib(per_block)}/block of "
         f"{e.block_size} tokens, pool {e.kv_blocks} blocks = {mib(per_block * e.kv_blocks)} "
         f"(grown {e.slab_blocks} blocks at a time)",
+    ]
+    if isinstance(parts.cache, SlidingWindow):
+        held = blocks_spanned(parts.cache.window, e.block_size)
+        lines.append(f"window     {parts.cache.window} tokens: a decoding sequence holds at most {held} blocks "
+                     f"({mib(held * per_block)}) whatever its length")
+    lines.append(
         f"scheduler  max batch {e.max_batch} sequences, step budget {e.step_budget} tokens, "
         f"prefill chunk {e.chunk_size} tokens, max sequence {parts.engine.max_seq_len} tokens, "
-        f"prefix cache {'on' if e.prefix_cache else 'off'}",
-    ]
+        f"prefix cache {'on' if e.prefix_cache else 'off'}")
     return "\n".join(lines)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 DEFAULTS = EngineConfig()
 COMMANDS: dict[str, str] = {  # subcommand name -> module with main(argv)
     "bench": "qwen_serve.bench.cli",
+    "kv-table": "qwen_serve.kv.kv_table",
 }
 
 
@@ -30,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="qwen-serve", description="Serve a Qwen3-family model on CPU.")
     p.add_argument("--model", default=None, help="HF checkpoint dir, .gguf file or hub id (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--backend", default="torch", help="compute backend plugin (torch, mlx, ...)")
-    p.add_argument("--kv-cache", default="paged", help="KV cache plugin (paged, naive, ...)")
+    p.add_argument("--kv-cache", default="paged", help="KV cache plugin (paged, naive, paged-int8, sliding-window, ...)")
+    p.add_argument("--kv-window", type=int, default=None,
+                   help="with a sliding-window KV cache: positions each query attends over (tokens)")
     p.add_argument("--quant", default="none", help="weight quantization: none | int4")
     p.add_argument("--dtype", default="float32", help="weight and KV storage dtype: float32 | bfloat16")
     p.add_argument("--host", default="127.0.0.1")
@@ -78,7 +81,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         max_batch=args.max_batch, kv_blocks=args.kv_blocks, block_size=args.block_size,
         chunk_size=args.chunk_size, step_budget=args.step_budget, max_seq_len=args.max_seq_len,
         prefix_cache=not args.no_prefix_cache, seed=args.seed, batching=args.batching,
-        scheduling_policy=args.scheduling_policy,
+        scheduling_policy=args.scheduling_policy, kv_window=args.kv_window,
     )
 
 

@@ -1,0 +1,124 @@
+"""A model's geometry as far as memory is concerned: what `qwen-serve kv-table` tabulates for
+the built-in Qwen3 family or any config.json, counted with qwen_serve.kv.memory."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..config import sliding_window_layers
+from .memory import KVFormat, kv_bytes_at
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    name: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    qk_norm: bool = True
+    window: int | None = None  # positions a windowed layer keeps
+    windowed_layers: int = 0  # layers that keep only the last `window` positions
+
+    @property
+    def full_layers(self) -> int:
+        return self.num_layers - self.windowed_layers
+
+    def bytes_per_token(self, fmt: KVFormat, kv_heads: int | None = None) -> int:
+        """KV bytes of one token in every layer (windowed layers included); kv_heads overrides
+        the model's, e.g. num_heads for "as if it were multi-head attention"."""
+        return fmt.bytes_per_token(self.num_layers, kv_heads or self.num_kv_heads, self.head_dim)
+
+    def bytes_at(self, context: int, fmt: KVFormat, kv_heads: int | None = None) -> int:
+        """One sequence's KV bytes at `context` tokens, windowed layers holding at most `window`."""
+        per_layer = fmt.bytes_per_token(1, kv_heads or self.num_kv_heads, self.head_dim)
+        return kv_bytes_at(context, per_layer, self.full_layers, self.windowed_layers, self.window)
+
+    def with_window(self, window: int) -> "KVGeometry":
+        """Every layer windowed: what the sliding-window KV cache holds."""
+        return replace(self, name=f"{self.name} (window {window})", window=window, windowed_layers=self.num_layers)
+
+    # --- weights ------------------------------------------------------------------------
+    def table_parameters(self) -> int:
+        """The embedding and, unless tied to it, the output head."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
+    def projection_parameters(self) -> int:
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attention = h * q + 2 * h * kv + q * h
+        mlp = 3 * h * self.intermediate_size
+        return self.num_layers * (attention + mlp)
+
+    def norm_parameters(self) -> int:
+        per_layer = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        return self.num_layers * per_layer + self.hidden_size
+
+    def parameters(self) -> int:
+        return self.table_parameters() + self.projection_parameters() + self.norm_parameters()
+
+    def weight_bytes(self, weights: str) -> int:
+        """float32 / bfloat16: every parameter in that type. int4: this project's int4 layout
+        (projections as 4-bit codes with a float16 scale and zero per 64 inputs, embedding /
+        head as int8 rows with a float32 scale per row, norms float32)."""
+        if weights in WEIGHT_BYTES:
+            return self.parameters() * WEIGHT_BYTES[weights]
+        if weights == "int4":
+            projections = self.projection_parameters() // 2 + self.projection_parameters() // 64 * 2 * 2
+            tables = self.table_parameters() + (self.table_parameters() // self.hidden_size) * 4
+            return projections + tables + self.norm_parameters() * 4
+        raise ValueError(f"weights must be one of {', '.join([*WEIGHT_BYTES, 'int4'])}, got {weights!r}")
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any], name: str) -> "KVGeometry":
+        """Geometry of a config.json (Qwen2/Qwen3/Llama keys; hybrid window layouts counted by
+        transformers' rule, qwen_serve.config.sliding_window_layers)."""
+        if "text_config" in cfg:  # multimodal wrappers keep the decoder's keys one level down
+            cfg = {**cfg, **cfg["text_config"]}
+        heads = cfg["num_attention_heads"]
+        window, sliding = sliding_window_layers(cfg)
+        return cls(
+            name=name, num_layers=cfg["num_hidden_layers"], num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+            vocab_size=cfg["vocab_size"], tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qk_norm=cfg.get("model_type", "").startswith("qwen3"),
+            window=window if any(sliding) else None, windowed_layers=sum(sliding),
+        )
+
+    @classmethod
+    def from_config_file(cls, path: str | Path) -> "KVGeometry":
+        path = Path(path)
+        file = path / "config.json" if path.is_dir() else path
+        try:
+            cfg = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read {file}: {exc}") from None
+        try:
+            return cls.from_hf_config(cfg, name=path.name if path.is_dir() else path.parent.name or file.name)
+        except KeyError as exc:
+            raise ValueError(f"{file}: config.json lacks {exc}") from None
+
+
+WEIGHT_BYTES = {"float32": 4, "bfloat16": 2}
+
+# The dense Qwen3 models as published. Layers and heads (Q / KV) from the Qwen3 technical report
+# (arXiv 2505.09388, table 1); hidden, intermediate, head_dim 128, vocab 151936 and tied
+# embeddings from each model's config.json on the Hugging Face hub (Qwen/Qwen3-<size>).
+QWEN3_FAMILY = tuple(
+    KVGeometry(f"Qwen3-{size}", layers, heads, 8, 128, hidden, intermediate, 151936, tied)
+    for size, layers, heads, hidden, intermediate, tied in (
+        ("0.6B", 28, 16, 1024, 3072, True),
+        ("1.7B", 28, 16, 2048, 6144, True),
+        ("4B", 36, 32, 2560, 9728, True),
+        ("8B", 36, 32, 4096, 12288, False),
+        ("14B", 40, 40, 5120, 17408, False),
+        ("32B", 64, 64, 5120, 25600, False),
+    )
+)

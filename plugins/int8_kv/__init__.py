@@ -1,0 +1,1 @@
+"""The int8 KV cache plugin (qwen_serve.plugins.int8_kv)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ..engine.async_engine import AsyncEngine
+from ..engine.client import EngineClient
 from ..errors import InvalidRequest
 from ..models.tokenizer import Tokenizer
 from ..openai.chat import ChatCompletions
@@ -63,7 +63,7 @@ async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
 
 
 class ChatServer:
-    def __init__(self, engine: AsyncEngine, tokenizer: Tokenizer, info: ServerInfo,
+    def __init__(self, engine: EngineClient, tokenizer: Tokenizer, info: ServerInfo,
                  chat_format: ChatFormat | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer

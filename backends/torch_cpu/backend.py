@@ -43,8 +43,9 @@ class TorchBackend:
     quantizations = QUANTIZATIONS
 
     def __init__(self, num_threads: int | None = None, head_quant: str = "int8") -> None:
-        # One thread per core: more threads only fight over the same cores.
-        torch.set_num_threads(num_threads or os.cpu_count() or 1)
+        # One thread per core: more threads only fight over the same cores. OMP_NUM_THREADS, when
+        # set, is this process's share of them (Ray sets it to a replica's CPUs).
+        torch.set_num_threads(num_threads or _threads_from_env() or os.cpu_count() or 1)
         if head_quant not in ("none", "int8", "int4"):
             raise ValueError(f"head_quant must be none, int8 or int4, got {head_quant!r}")
         self.head_quant = head_quant  # how the embedding / lm_head is stored under quant "int4"
@@ -83,6 +84,11 @@ class TorchBackend:
 
     def create_sampler(self) -> TorchSampler:
         return TorchSampler()
+
+
+def _threads_from_env() -> int | None:
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 @lru_cache(maxsize=1)

@@ -15,7 +15,9 @@ from ..config import EngineConfig
 from ..errors import QwenServeError
 
 DEFAULTS = EngineConfig()
-COMMANDS: dict[str, str] = {}  # subcommand name -> module with main(argv)
+COMMANDS: dict[str, str] = {  # subcommand name -> module with main(argv)
+    "ray": "qwen_serve.cluster.cli",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -49,8 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.prompt is not None:
-        parser.error("--prompt answers in process; run it without the ray command")
     try:
         spec = check(args)
         return run(spec, args.address)
@@ -64,6 +62,8 @@ def check(args: argparse.Namespace) -> ClusterSpec:
     from ..openai.chat_format import check_parser_names
     from ..registry import load_registry
 
+    if args.prompt is not None:
+        raise QwenServeError("--prompt answers in process; run it without the ray command")
     check_parser_names(args.reasoning_parser, args.tool_call_parser)
     spec = cluster_spec(args, server_cli.engine_options(args))  # a bad number raises ValueError
     registry = load_registry()

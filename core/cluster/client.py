@@ -2,9 +2,9 @@
 engine replicas, reached through a streaming Ray Serve deployment handle. The OpenAI layer
 above it is the single-process server's, unchanged.
 
-``generate`` validates at once with the engine's own checks (IngressChecks), so bad input is a
-400 before any byte is sent, then computes the prompt's chained block hashes with the engine's
-own function: the request router ranks replicas by them. A replica that dies before the first
+``generate`` validates at once with the engine's own checks (qwen_serve.cluster.checks), so bad
+input is a 400 before any byte is sent, then computes the prompt's chained block hashes with the
+engine's own function: the request router ranks replicas by them. A replica that dies before the first
 output is retried on another one (nothing was sent yet); after it, the request fails with an
 EngineFailure saying so. Closing the generator cancels the remote stream, which aborts the
 request on its replica.
@@ -19,18 +19,18 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.serve.exceptions import RayServeException, ReplicaUnavailableError
 
 from ..engine.async_engine import EngineFailure
-from ..engine.engine import RequestOutput
+from ..engine.engine import Engine, RequestOutput
 from ..engine.sampling_params import SamplingParams
 from ..engine.stats import EngineSnapshot
 from ..kv.block_hash import chain_hashes
-from .checks import IngressChecks
 from .messages import EngineRequest
 from .view import ClusterView
 
 
 class RayEngineClient:
-    def __init__(self, engines: Any, checks: IngressChecks, view: ClusterView, retries: int = 2) -> None:
-        """``engines`` is the DeploymentHandle of the engine replicas."""
+    def __init__(self, engines: Any, checks: Engine, view: ClusterView, retries: int = 2) -> None:
+        """``engines``: the DeploymentHandle of the engine replicas; ``checks``: the ingress's
+        weightless engine (qwen_serve.cluster.checks), which only validates."""
         self.engine = checks
         self.view = view
         self.retries = retries

@@ -21,7 +21,7 @@ from ..openai.chat_format import ChatFormat
 from ..openai.responses import json_response
 from ..registry import load_registry
 from ..server.app import ChatServer, ServerInfo
-from .checks import IngressChecks
+from .checks import validation_engine
 from .client import RayEngineClient
 from .spec import ClusterSpec
 from .view import ClusterCollector, ClusterView
@@ -36,7 +36,7 @@ class Ingress:
         checkpoint = load_checkpoint(model.model if model.model is not None else default_model_path())
         config = model.engine_config
         self.view = ClusterView()
-        client = RayEngineClient(engines, IngressChecks.build(model, checkpoint.config, load_registry()), self.view)
+        client = RayEngineClient(engines, validation_engine(model, checkpoint, load_registry()), self.view)
         name = model.served_model_name or checkpoint.config.name
         aliases = tuple(a for a in (model.model, checkpoint.config.name) if a and a != name)
         info = ServerInfo(model=name, aliases=aliases, backend=model.backend, quant=model.quant,

@@ -95,6 +95,7 @@ def user(content: str) -> list[dict]:
     (["--cpus-per-replica", "0"], "--cpus-per-replica must be positive"),
     (["--backend", "nope"], "unknown backend 'nope'"),
     (["--prompt", "hi"], "--prompt answers in process"),
+    (["--model", "/no/such/model"], "no such file or directory"),
 ])
 def test_bad_flags_are_one_line_errors_before_ray_starts(flags, message):
     done = subprocess.run([sys.executable, "-m", "qwen_serve", "ray", *flags], capture_output=True, text=True,

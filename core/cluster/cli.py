@@ -59,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def check(args: argparse.Namespace) -> ClusterSpec:
     """Every name and number, before anything starts (a typo fails in milliseconds)."""
+    from ..models.checkpoint import load_checkpoint
+    from ..models.default_model import default_model_path
     from ..openai.chat_format import check_parser_names
     from ..registry import load_registry
 
@@ -69,11 +71,17 @@ def check(args: argparse.Namespace) -> ClusterSpec:
     registry = load_registry()
     registry.kv_cache_factory(spec.model.kv_cache)
     registry.backend(spec.model.backend)
+    load_checkpoint(spec.model.model if spec.model.model is not None else default_model_path())  # no weights read
     try:
         import ray.serve  # noqa: F401
     except ImportError as exc:
         raise QwenServeError(f"Ray Serve is not installed ({exc.name}): pip install 'qwen-serve[ray]'") from exc
     return spec
+
+
+def first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def this_node_resource() -> str:
@@ -94,13 +102,20 @@ def run(spec: ClusterSpec, address: str | None) -> int:
     local = address is None
     needed = math.ceil(spec.replicas * spec.cpus_per_replica)
     sizes = dict(num_cpus=max(os.cpu_count() or 1, needed), object_store_memory=LOCAL_OBJECT_STORE_BYTES)
-    ray.init(address=address, include_dashboard=False, configure_logging=False, log_to_driver=True,
-             **(sizes if local else {}))
+    try:
+        ray.init(address=address, include_dashboard=False, configure_logging=False, log_to_driver=True,
+                 **(sizes if local else {}))
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise QwenServeError(f"cannot {'start a local Ray cluster' if local else 'join ' + address}: "
+                             f"{first_line(exc)}") from exc
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         serve.start(proxy_location="Disabled")
-        serve.run(build_app(spec, this_node_resource()), name=spec.app_name, route_prefix=None)
+        try:
+            serve.run(build_app(spec, this_node_resource()), name=spec.app_name, route_prefix=None)
+        except Exception as exc:  # a replica failed to start (its log is above): one line, exit code 2
+            raise QwenServeError(f"deploying {spec.app_name!r} failed: {first_line(exc)}") from exc
         host = f"[{spec.host}]" if ":" in spec.host else spec.host
         url = f"http://{host}:{spec.port}"
         print(f"serving {spec.replicas} replicas ({spec.router} routing) on {url} (OpenAI API at {url}/v1, "

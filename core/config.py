@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "LlamaForCausalLM")
+BATCHING_MODES = ("continuous", "static")
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class EngineConfig:
     max_seq_len: int | None = None
     prefix_cache: bool = True
     seed: int | None = None
+    batching: str = "continuous"  # or "static": a new batch only once the last one has finished
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -98,6 +100,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.max_seq_len is not None and self.max_seq_len <= 0:
             raise ValueError(f"max_seq_len must be positive, got {self.max_seq_len!r}")
+        if self.batching not in BATCHING_MODES:
+            raise ValueError(f"batching must be one of {', '.join(BATCHING_MODES)}, got {self.batching!r}")
         if self.step_budget < self.max_batch:
             raise ValueError("step_budget must be at least max_batch so every decode gets a token")
 

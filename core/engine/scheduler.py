@@ -6,6 +6,10 @@ token budget and batch size allow. A waiting sequence is admitted only if the ca
 its whole prompt (after prefix hits). When a decode finds no free block, the most recently
 admitted sequence is preempted: its blocks are freed and it is recomputed later, keeping its
 generated tokens and its random state, so preemption never changes the output.
+
+With ``batching="static"`` (a baseline to measure continuous batching against) admission
+waits until every running sequence has finished: a batch is whatever got admitted before its
+first token was sampled, and it holds its slots until its longest member is done.
 """
 from __future__ import annotations
 
@@ -46,7 +50,7 @@ class Scheduler:
             n = min(self.config.chunk_size, seq.num_uncomputed, budget)
             chunks.append(self._chunk(seq, n))
             budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_batch and self._batch_open():
             seq = self.waiting[0]
             if not self._admit(seq):
                 break
@@ -55,6 +59,10 @@ class Scheduler:
             chunks.append(self._chunk(seq, n))
             budget -= n
         return StepBatch(tuple(chunks))
+
+    def _batch_open(self) -> bool:
+        """Continuous: always. Static: until a running sequence has produced a token."""
+        return self.config.batching == "continuous" or all(not s.output_token_ids for s in self.running)
 
     def _chunk(self, seq: Sequence, n: int) -> ScheduledChunk:
         start = seq.num_computed

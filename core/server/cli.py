@@ -11,11 +11,12 @@ import importlib
 import sys
 from typing import Sequence
 
-from ..config import EngineConfig
+from ..config import BATCHING_MODES, EngineConfig
 from ..errors import QwenServeError
 
 DEFAULTS = EngineConfig()
 COMMANDS: dict[str, str] = {  # subcommand name -> module with main(argv)
+    "bench": "qwen_serve.bench.cli",
     "ray": "qwen_serve.cluster.cli",
 }
 
@@ -37,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, default=None)
     p.add_argument("--seed", type=int, default=None, help="seeds the per-request seeds of unseeded requests")
     p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument("--batching", choices=BATCHING_MODES, default=DEFAULTS.batching,
+                   help="continuous (default) or static: admit a new batch only when the last one finished")
     p.add_argument("--served-model-name", default=None, help="model name the API reports and accepts")
     p.add_argument("--reasoning-parser", default=None,
                    help="how replies separate reasoning: qwen3 | none (default: qwen3 if the chat template writes <think>)")
@@ -51,7 +54,7 @@ def engine_options(args: argparse.Namespace) -> dict:
     return dict(
         max_batch=args.max_batch, kv_blocks=args.kv_blocks, block_size=args.block_size,
         chunk_size=args.chunk_size, step_budget=args.step_budget, max_seq_len=args.max_seq_len,
-        prefix_cache=not args.no_prefix_cache, seed=args.seed,
+        prefix_cache=not args.no_prefix_cache, seed=args.seed, batching=args.batching,
     )
 
 

@@ -1,0 +1,116 @@
+"""The same qwen-serve build over HTTP (`qwen-serve bench` against the server) and in-process
+(the engine `LLM(...).generate` drives, stepped here so every token gets a timestamp), same
+prompt and output lengths, batch 1 and 8, side by side in one run: what the server costs.
+
+    flock /work/cpu.lock python benchmarks/bench_http_vs_inprocess.py            # int4, ~5 min
+    flock /work/cpu.lock python benchmarks/bench_http_vs_inprocess.py --quant none
+
+Writes benchmarks/results/http_vs_inprocess.json (+ .md, PNGs) in the bench's format: one
+"endpoint" per path. Output tok/s = output tokens / wall time of a repetition, prefill included,
+for both paths; medians of 3 repetitions.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from servers import REPO, RunningServer, ServerCommand, git_revision, run_bench
+from setup_peers import Peers, make_checkpoint
+
+from qwen_serve.bench.machine import describe_machine
+from qwen_serve.bench.plots import write_plots
+from qwen_serve.bench.prompts import TokenIdPrompts
+from qwen_serve.bench.report import merge, new_document, write_json
+from qwen_serve.bench.stats import RequestRecord, repetition, summarize
+from qwen_serve.cache_dir import cache_dir
+
+RESULTS = REPO / "benchmarks" / "results"
+PROMPT_TOKENS, OUTPUT_TOKENS, BATCHES, REPETITIONS = 64, 128, (1, 8), 3
+
+
+def in_process(model: str, quant: str) -> dict:
+    from qwen_serve import LLM, SamplingParams
+
+    llm = LLM(model, quant=quant)
+    engine = llm.engine
+    prompts = TokenIdPrompts(seed=1)
+    params = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True)
+    results = []
+    engine.run([("warm-up", prompts.make(PROMPT_TOKENS), SamplingParams(max_tokens=16, ignore_eos=True))])
+    for batch in BATCHES:
+        reps, records = [], []
+        for rep in range(REPETITIONS):
+            start = time.perf_counter()
+            ids = [f"inproc-{batch}-{rep}-{i}" for i in range(batch)]
+            seqs = [engine.add_request(rid, prompts.make(PROMPT_TOKENS), params) for rid in ids]
+            recs = {rid: RequestRecord(PROMPT_TOKENS, OUTPUT_TOKENS, sent=start) for rid in ids}
+            while any(not s.is_finished for s in seqs):
+                outputs = engine.step()
+                now = time.perf_counter() - start
+                for out in outputs:
+                    recs[out.request_id].chunk_times.extend([now] * len(out.new_token_ids))
+            wall = time.perf_counter() - start
+            for seq in seqs:
+                recs[seq.request_id].prompt_tokens = len(seq.prompt_token_ids)
+                recs[seq.request_id].output_tokens = len(seq.output_token_ids)
+            reps.append(repetition(list(recs.values()), wall))
+            records.extend(recs.values())
+        results.append(summarize({"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
+                                  "concurrency": batch}, reps, records))
+    return {"name": f"in-process {quant}", "url": None, "model": model, "api": "LLM engine",
+            "notes": f"qwen-serve {git_revision()}; LLM({model!r}, quant={quant!r}), engine stepped in this process",
+            "identity": {}, "results": results}
+
+
+def markdown(doc: dict, http: str, local: str) -> str:
+    def get(name, c, key):
+        e = next(e for e in doc["endpoints"] if e["name"] == name)
+        r = next(r for r in e["results"] if r["concurrency"] == c)
+        return r[key]["p50"] if isinstance(r[key], dict) else r[key]
+
+    cpu = doc["machine"]["cpu"]
+    lines = ["# The same build over HTTP and in-process", "",
+             f"`python benchmarks/bench_http_vs_inprocess.py`, {doc['created']}; CPU {cpu['model_name']} "
+             f"({' '.join(cpu['key_flags'])}), {doc['machine']['memory_bandwidth']['read_gb_s']} GB/s. "
+             f"{PROMPT_TOKENS}-token prompts, {OUTPUT_TOKENS} output tokens, medians of {REPETITIONS}.", "",
+             "| batch | HTTP out tok/s | in-process out tok/s | in-process / HTTP | TTFT p50 HTTP / in-process | "
+             "ITL p50 HTTP / in-process |", "|---|---|---|---|---|---|"]
+    for c in BATCHES:
+        h, i = get(http, c, "output_tok_s"), get(local, c, "output_tok_s")
+        lines.append(f"| {c} | {h:.1f} | {i:.1f} | {i / h:.2f}x | {get(http, c, 'ttft_s') * 1e3:.0f} / "
+                     f"{get(local, c, 'ttft_s') * 1e3:.0f} ms | {get(http, c, 'itl_s') * 1e3:.1f} / "
+                     f"{get(local, c, 'itl_s') * 1e3:.1f} ms |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quant", default="int4", choices=("int4", "none"))
+    parser.add_argument("--peers", type=Path, default=cache_dir("peers"), help="where setup_peers.py put the checkpoint")
+    args = parser.parse_args(argv)
+    peers = Peers(args.peers.expanduser().resolve())
+    make_checkpoint(peers)
+    raw = RESULTS / "raw"
+    http_name = f"HTTP {args.quant}"
+    command = ServerCommand(http_name, [sys.executable, "-m", "qwen_serve", "--model", str(peers.checkpoint),
+                                        "--quant", args.quant, "--host", "127.0.0.1", "--port", "{port}"])
+    with RunningServer(command) as server:
+        http_path = run_bench(http_name, server.url, raw, f"http_{args.quant}", [
+            "--api", "chat", "--tokenizer", str(peers.checkpoint), "--prompt-tokens", str(PROMPT_TOKENS),
+            "--output-tokens", str(OUTPUT_TOKENS), "--concurrency", ",".join(map(str, BATCHES)),
+            "--repetitions", str(REPETITIONS)], f"qwen-serve {git_revision()}; {' '.join(server.argv)}")
+    local = new_document(describe_machine(), {"points": "see results"}, [in_process(str(peers.checkpoint), args.quant)])
+    doc = merge([json.loads(http_path.read_text()), local], [str(http_path.relative_to(REPO)), "in-process"])
+    stem = "http_vs_inprocess" if args.quant == "int4" else f"http_vs_inprocess_{args.quant}"
+    write_json(doc, RESULTS / f"{stem}.json")
+    write_plots(doc, RESULTS, f"{stem}-")
+    (RESULTS / f"{stem}.md").write_text(markdown(doc, http_name, f"in-process {args.quant}"))
+    print((RESULTS / f"{stem}.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

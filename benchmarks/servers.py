@@ -1,0 +1,145 @@
+"""The servers of the side-by-side, one at a time on loopback: how each is started, waited for
+and stopped, and `qwen-serve bench` run against it. Used by side_by_side.py and
+bench_http_vs_inprocess.py."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from qwen_serve.conformance.server_process import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class ServerCommand:
+    """A server to start: argv (with {port} filled in at start), extra environment, a label."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    startup_timeout_s: float = 600.0
+
+
+class RunningServer:
+    """Started in its own session so stopping it also stops its children (vLLM's engine process)."""
+
+    def __init__(self, command: ServerCommand) -> None:
+        self.command = command
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.argv = [a.replace("{port}", str(self.port)) for a in command.argv]
+        self.log = Path(tempfile.mkstemp(prefix=f"{command.name}-", suffix=".log")[1])
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "RunningServer":
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **self.command.env)
+        print(f"[{self.command.name}] starting: {' '.join(self.argv)}", flush=True)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        start = time.perf_counter()
+        while time.perf_counter() - start < self.command.startup_timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"[{self.command.name}] exited with code {self.proc.returncode} while starting:\n"
+                                   f"{self.tail()}")
+            if self._healthy():
+                print(f"[{self.command.name}] ready in {time.perf_counter() - start:.0f} s on {self.url}", flush=True)
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"[{self.command.name}] not healthy after {self.command.startup_timeout_s:.0f} s:\n{self.tail()}")
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)  # our own child's process group
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def resident_mib(self) -> float:
+        """Resident memory of the server and its children, in MiB (after a load test: what it holds)."""
+        total_kib = 0
+        for pid in _process_tree(self.proc.pid):
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total_kib += int(line.split()[1])
+            except OSError:
+                pass
+        return total_kib / 1024
+
+
+def _process_tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def run_bench(name: str, url: str, out_dir: Path, stem: str, args: Sequence[str], note: str) -> Path:
+    """`qwen-serve bench` against one endpoint; returns the JSON it wrote."""
+    argv = [sys.executable, "-m", "qwen_serve", "bench", "--endpoint", f"{name}={url}", "--note", f"{name}={note}",
+            "--out", str(out_dir), "--name", stem, "--no-plots", *args]
+    print("+", " ".join(argv), flush=True)
+    subprocess.run(argv, check=True)
+    return out_dir / f"{stem}.json"
+
+
+def combine_launches(paths: Sequence[Path], out: Path) -> Path:
+    """One endpoint measured over several launches of its server (llama.cpp restarted with -np
+    set to each concurrency): one document, the results of every launch in one endpoint record."""
+    documents = [json.loads(p.read_text()) for p in paths]
+    first = documents[0]
+    endpoint = first["endpoints"][0]
+    endpoint["launches"] = [{"notes": d["endpoints"][0].get("notes"), "points": d["settings"]["points"],
+                             "identity": d["endpoints"][0]["identity"]} for d in documents]
+    endpoint["results"] = [r for d in documents for r in d["endpoints"][0]["results"]]
+    resident = [d["endpoints"][0].get("resident_mib_after") for d in documents]
+    endpoint["resident_mib_after"] = max((r for r in resident if r is not None), default=None)
+    first["settings"]["points"] = [pt for d in documents for pt in d["settings"]["points"]]
+    out.write_text(json.dumps(first, indent=1) + "\n")
+    return out
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev

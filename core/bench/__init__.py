@@ -1,0 +1,1 @@
+"""`qwen-serve bench`: the HTTP benchmark client for any OpenAI-compatible endpoint."""

@@ -44,9 +44,10 @@ class TorchBackend:
 
     def __init__(self, num_threads: int | None = None, head_quant: str = "int8") -> None:
         # One thread per core this process may run on (its affinity mask, which taskset and cgroup
-        # CPU sets narrow): more threads only fight over the same cores. torch's OpenMP pool is also
-        # the kernels' (native.py), so this is the one thread count of every computation.
-        torch.set_num_threads(num_threads or len(os.sched_getaffinity(0)) or 1)
+        # CPU sets narrow): more threads only fight over the same cores. OMP_NUM_THREADS, when set,
+        # is this process's share of them (Ray sets it to a replica's CPUs). torch's OpenMP pool is
+        # also the kernels' (native.py), so this is the one thread count of every computation.
+        torch.set_num_threads(num_threads or _threads_from_env() or len(os.sched_getaffinity(0)) or 1)
         if head_quant not in ("none", "int8", "int4"):
             raise ValueError(f"head_quant must be none, int8 or int4, got {head_quant!r}")
         self.head_quant = head_quant  # how the embedding / lm_head is stored under quant "int4"
@@ -85,6 +86,11 @@ class TorchBackend:
 
     def create_sampler(self) -> TorchSampler:
         return TorchSampler()
+
+
+def _threads_from_env() -> int | None:
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 @lru_cache(maxsize=1)

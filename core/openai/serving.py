@@ -11,7 +11,8 @@ from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 from aiohttp import web
 
-from ..engine.async_engine import AsyncEngine, EngineFailure
+from ..engine.async_engine import EngineFailure
+from ..engine.client import EngineClient
 from ..engine.engine import RequestOutput
 from ..models.tokenizer import Tokenizer
 from .chat_format import ChatFormat
@@ -21,7 +22,7 @@ from .streaming import EventStream, sse
 
 @dataclass(frozen=True)
 class ServedModel:
-    engine: AsyncEngine
+    engine: EngineClient  # AsyncEngine in process, or qwen_serve.cluster's client of Ray replicas
     tokenizer: Tokenizer
     chat_format: ChatFormat
     name: str

@@ -16,7 +16,8 @@ from typing import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from ..engine.async_engine import AsyncEngine, EngineDead, EngineFailure, EngineUnavailable, QueueTimeout, ShuttingDown
+from ..engine.async_engine import EngineDead, EngineFailure, EngineUnavailable, QueueTimeout, ShuttingDown
+from ..engine.client import EngineClient
 from ..errors import InvalidRequest
 from ..models.tokenizer import Tokenizer
 from ..openai.chat import ChatCompletions
@@ -78,13 +79,13 @@ class ChatServer:
         # Admission runs only once the lifecycle gate lets requests through, i.e. after attach().
         self.admission = Admission(options.max_batch, options.max_queue, lambda: self.request_metrics.mean_e2e_s,
                                    lambda: self.request_metrics.rejected("queue_full"))
-        self.engine: AsyncEngine | None = None
+        self.engine: EngineClient | None = None
         self.info: ServerInfo | None = None
         self.request_metrics: RequestMetrics | None = None
         self.metrics: ServerMetrics | None = None
         self.served: ServedModel | None = None
 
-    def attach(self, engine: AsyncEngine, tokenizer: Tokenizer, info: ServerInfo, request_metrics: RequestMetrics,
+    def attach(self, engine: EngineClient, tokenizer: Tokenizer, info: ServerInfo, request_metrics: RequestMetrics,
                chat_format: ChatFormat | None = None) -> None:
         """The engine has loaded, warmed up and started (request_metrics among its observers): serve."""
         self.engine, self.info, self.request_metrics = engine, info, request_metrics

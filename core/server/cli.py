@@ -24,6 +24,7 @@ DEFAULTS = EngineConfig()
 COMMANDS: dict[str, str] = {  # subcommand name -> module with main(argv)
     "bench": "qwen_serve.bench.cli",
     "kv-table": "qwen_serve.kv.kv_table",
+    "ray": "qwen_serve.cluster.cli",
 }
 
 

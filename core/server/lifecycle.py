@@ -11,7 +11,7 @@ from typing import Collection
 
 from aiohttp import web
 
-from ..engine.async_engine import AsyncEngine
+from ..engine.client import EngineClient
 from ..openai.responses import error_body, json_response
 
 LOADING_RETRY_AFTER_S = 5
@@ -24,10 +24,10 @@ MESSAGES = {
 
 class Lifecycle:
     def __init__(self) -> None:
-        self.engine: AsyncEngine | None = None
+        self.engine: EngineClient | None = None
         self.draining = False
 
-    def ready(self, engine: AsyncEngine) -> None:
+    def ready(self, engine: EngineClient) -> None:
         """The engine has loaded, warmed up and started."""
         self.engine = engine
 

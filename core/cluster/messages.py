@@ -1,0 +1,39 @@
+"""What the ingress and the engine replicas send each other through Ray Serve handles (plain
+picklable dataclasses: Ray pickles the arguments and every streamed item)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..engine.engine import RequestOutput
+from ..engine.sampling_params import SamplingParams
+from ..engine.stats import EngineSnapshot
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """A validated request for one engine replica. ``block_hashes`` are the prompt's chained
+    full-block hashes (what the router ranks replicas by). ``waited_s`` is how long it has
+    been waiting since it arrived at the ingress: monotonic clocks differ between machines, so
+    the replica dates the arrival on its own clock."""
+
+    request_id: str
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    waited_s: float
+    block_hashes: tuple[bytes, ...]
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """Who served an output, and that replica's engine figures at that moment."""
+
+    replica: str  # Ray Serve's replica id
+    pid: int
+    snapshot: EngineSnapshot
+
+
+@dataclass(frozen=True)
+class ReplicaOutput:
+    output: RequestOutput
+    report: ReplicaReport

@@ -1,0 +1,42 @@
+"""What the HTTP layer needs of an engine, so one OpenAI layer serves both an engine in this
+process (AsyncEngine) and engines elsewhere (qwen_serve.cluster's client for Ray Serve replicas).
+
+The handlers read the model's limits, validate a request before anything is sent, then iterate
+its outputs; /metrics reads the latest snapshot. Nothing else of the engine reaches them.
+"""
+from __future__ import annotations
+
+from typing import AsyncGenerator, Protocol, Sequence
+
+from ..config import ModelConfig
+from .engine import RequestOutput
+from .sampling_params import SamplingParams
+from .stats import EngineSnapshot
+
+
+class RequestChecks(Protocol):
+    """The engine's view of what a request may be (Engine has these)."""
+
+    model_config: ModelConfig
+    max_seq_len: int
+
+    def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> list[int]:
+        """The prompt as ints; raises InvalidRequest for a request the engine would refuse."""
+
+    def check_priority(self, priority: int) -> None:
+        """Raises InvalidRequest for a priority the scheduling policy does not take."""
+
+
+class EngineClient(Protocol):
+    """An engine as the HTTP layer uses it (AsyncEngine is one)."""
+
+    engine: RequestChecks
+    snapshot: EngineSnapshot
+
+    def generate(self, request_id: str, prompt: Sequence[int], params: SamplingParams,
+                 arrival_time: float, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
+        """Validates now (InvalidRequest before anything is queued or sent), then yields the
+        request's outputs; closing the generator early aborts the request."""
+
+    def is_alive(self) -> bool:
+        """False once the engine can serve nothing more (/health then says "dead")."""

@@ -61,17 +61,16 @@ def build_engine(
     checkpoint = load_checkpoint(model if model is not None else default_model_path())
     config = with_declared_window(checkpoint.config, config)
 
-    def new_cache(config: EngineConfig) -> tuple[KVCache, KVStorage]:
-        storage = registry.create_kv_storage(kv_cache, compute, checkpoint.config, dtype, config.block_size,
-                                             config.slab_blocks, config.kv_blocks)
-        cache = cache_factory(storage, config)
-        check_attention_window(checkpoint.config, config, cache)
-        return cache, storage
+    def new_storage(config: EngineConfig) -> KVStorage:  # the one the cache asks for (e.g. int8)
+        return registry.create_kv_storage(kv_cache, compute, checkpoint.config, dtype, config.block_size,
+                                          config.slab_blocks, config.kv_blocks)
 
-    cache, storage = new_cache(config)  # storage grows on first use: building it now costs nothing
+    storage = new_storage(config)  # storage grows on first use: building it now costs nothing
+    cache = cache_factory(storage, config)
+    check_attention_window(checkpoint.config, config, cache)
     importance = None
     if quant != "none" and calibrate:
-        importance = measure_importance(compute, checkpoint, dtype, new_cache, config)
+        importance = measure_importance(compute, checkpoint, dtype, cache_factory, config, new_storage)
         gc.collect()  # the float model may sit in reference cycles: free it before loading again
     if importance is None:
         executor = compute.load_model(checkpoint, dtype=dtype, quant=quant)
@@ -83,12 +82,13 @@ def build_engine(
                        checkpoint.config, config, registry, storage)
 
 
-def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, new_cache: Any,
-                       config: EngineConfig) -> dict[str, np.ndarray] | None:
+def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, cache_factory: Any,
+                       config: EngineConfig, new_storage: Any = None) -> dict[str, np.ndarray] | None:
     """Each projection's input importance: from the cache when this model, backend, dtype and
     text were measured before, else by loading the float model and running the calibration text
-    through a throwaway engine (its KV storage grows only as far as the text needs). None when
-    the backend's executor is not Calibratable or no token fits. The float weights are dropped
+    through a throwaway engine (its KV storage grows only as far as the text needs; new_storage,
+    config -> KVStorage, when the cache wants another than the backend's own). None when the
+    backend's executor is not Calibratable or no token fits. The float weights are dropped
     before the caller loads the quantized ones."""
     # A small --max-seq-len or KV pool reads less of the text.
     token_lists = calibration_token_lists(checkpoint.tokenizer, config.resolved_max_seq_len(checkpoint.config) - 1)
@@ -103,8 +103,9 @@ def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, new
         return None
     # No prefix cache: every calibration token passes through the projections.
     config = replace(config, prefix_cache=False)
-    cache, _ = new_cache(config)
-    engine = Engine(executor, cache, compute.create_sampler(), checkpoint.tokenizer, config)
+    storage = new_storage(config) if new_storage is not None else compute.create_kv_storage(
+        checkpoint.config, dtype, config.block_size, config.slab_blocks, config.kv_blocks)
+    engine = Engine(executor, cache_factory(storage, config), compute.create_sampler(), checkpoint.tokenizer, config)
     requests = [(f"calibration-{i}", tokens, SamplingParams(max_tokens=1, temperature=0.0))
                 for i, tokens in enumerate(token_lists)]
     importance = record_input_importance(executor, lambda: engine.run(requests))

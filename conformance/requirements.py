@@ -74,3 +74,17 @@ def holds_only_a_window(cache: Any) -> str | None:
         return (f"{type(cache).__name__} keeps only each sequence's last {cache.window} positions (SlidingWindow): "
                 f"blocks behind the window go back to the pool")
     return None
+
+
+def cannot_speculate(cache: Any, sampler: Any) -> str | None:
+    """Check 7 needs a cache that rolls rejected drafts back and a sampler that verifies sampled
+    drafts by rejection sampling; without either the engine decodes sampled requests normally."""
+    from qwen_serve.protocols import Rewinding
+    from qwen_serve.speculative.protocols import DraftVerifying
+
+    if not isinstance(cache, Rewinding):
+        return f"{type(cache).__name__} cannot roll back rejected drafts (no Rewinding): it runs without speculation"
+    if not isinstance(sampler, DraftVerifying):
+        return (f"{type(sampler).__name__} cannot verify sampled drafts (no DraftVerifying): sampled requests "
+                f"run without speculation")
+    return None

@@ -262,3 +262,16 @@ def test_verified_rows_are_the_chunks_last_positions(tiny):
     rows = [executor.execute(StepBatch((ScheduledChunk(1, tokens[i:i + 1], i, True),)), cache)
             for i in range(len(tokens) - 4, len(tokens))]
     np.testing.assert_allclose(whole.numpy(), np.concatenate([r.numpy() for r in rows]), rtol=1e-4, atol=1e-4)
+
+
+def test_mlx_greedy_is_identical_with_speculation(tiny):
+    """The MLX executor gives a drafted chunk's rows the same way (its step layout), and its
+    sampler verifies sampled drafts too (check 7 runs on it)."""
+    from qwen_serve.speculative.protocols import DraftVerifying
+
+    plain = LLM(tiny, backend="mlx")
+    spec = LLM(tiny, backend="mlx", speculative="ngram", num_speculative_tokens=4)
+    assert isinstance(spec.engine.sampler, DraftVerifying)
+    prompts = PROMPTS[1:4]
+    assert run_checked(spec, prompts, GREEDY) == [o.token_ids for o in plain.generate(prompts, GREEDY)]
+    assert spec.engine.stats.accepted_draft_tokens_total > 0

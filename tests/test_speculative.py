@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from numpy_kv_storage import NumpyKVStorage
 
 from qwen_serve import LLM, SamplingParams
@@ -273,3 +275,67 @@ def test_mlx_greedy_is_identical_with_speculation(tiny):
     prompts = PROMPTS[1:4]
     assert run_checked(spec, prompts, GREEDY) == [o.token_ids for o in plain.generate(prompts, GREEDY)]
     assert spec.engine.stats.accepted_draft_tokens_total > 0
+
+
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests=st.lists(st.tuples(st.sampled_from(range(len(PROMPTS))), st.integers(1, 3), st.integers(1, 20),
+                                   st.one_of(st.none(), st.integers(0, 8))), min_size=2, max_size=5),
+       kv_blocks=st.integers(11, 13), prefix_cache=st.booleans(), k=st.integers(1, 5))
+def test_drafts_forks_preemption_and_aborts_never_lose_a_block(tiny, greedy_reference, requests, kv_blocks,
+                                                               prefix_cache, k):
+    """Greedy requests of 1-3 choices in a small pool with speculation, some aborted after a few
+    steps: block accounting holds at every step, only prefix-cache blocks stay at the end, and
+    every choice that ran to the end produced the greedy reference's first max_tokens tokens."""
+    llm = LLM(tiny, kv_blocks=kv_blocks, prefix_cache=prefix_cache, chunk_size=16, step_budget=32,
+              speculative="ngram", num_speculative_tokens=k)
+    engine, cache = llm.engine, llm.parts.cache
+    aborts: dict[int, list[str]] = {}
+    for i, (prompt, n, max_tokens, abort_after) in enumerate(requests):
+        engine.add_request(f"r{i}", PROMPTS[prompt], SamplingParams(max_tokens=max_tokens, ignore_eos=True, n=n))
+        if abort_after is not None:
+            aborts.setdefault(abort_after, []).append(f"r{i}")
+    choices = {f"r{i}": list(engine.sequences[f"r{i}"]) for i in range(len(requests))}
+    steps = 0
+    while engine.has_unfinished():
+        for request_id in aborts.pop(steps, []):
+            engine.abort(request_id)
+        engine.step()
+        steps += 1
+        assert steps < 500
+        assert_blocks_accounted(cache)
+    event(f"preempted: {engine.scheduler.num_preemptions > 0}")
+    event(f"drafts kept: {engine.stats.accepted_draft_tokens_total > 0}")
+    usage = cache.usage()
+    assert usage.used == usage.cached and cache.sequence_ids() == []
+    if not prefix_cache:
+        assert usage.used == 0
+    for i, (prompt, _, max_tokens, _) in enumerate(requests):
+        for seq in choices[f"r{i}"]:
+            if seq.finish_reason != "abort":
+                assert seq.output_token_ids == greedy_reference[prompt][:max_tokens]
+
+
+def test_metrics_count_drafts_and_kept_tokens(tiny):
+    """/metrics JSON and the Prometheus text carry the proposals verified and kept."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from qwen_serve.engine.stats import EngineSnapshot, ThroughputWindow
+    from qwen_serve.server.metrics import ServerMetrics
+    from qwen_serve.server.prometheus import EngineGauges
+
+    llm = LLM(tiny, speculative="ngram", num_speculative_tokens=4)
+    llm.generate([PROMPTS[3]], GREEDY)
+    stats = llm.engine.stats
+
+    class Source:
+        snapshot = EngineSnapshot.take(llm.engine, ThroughputWindow(10.0))
+
+    figures = ServerMetrics(Source).as_json()
+    assert figures["spec_draft_tokens_total"] == stats.draft_tokens_total > 0
+    assert figures["spec_accepted_tokens_total"] == stats.accepted_draft_tokens_total > 0
+    registry = CollectorRegistry()
+    registry.register(EngineGauges(Source, "tiny"))
+    text = generate_latest(registry).decode()
+    assert f'qwen_serve:spec_decode_num_draft_tokens_total{{model_name="tiny"}} {float(stats.draft_tokens_total)}' in text
+    assert (f'qwen_serve:spec_decode_num_accepted_tokens_total{{model_name="tiny"}} '
+            f'{float(stats.accepted_draft_tokens_total)}') in text

@@ -62,8 +62,11 @@ def make_qwen3_checkpoint(directory: Path, geometry: Qwen3Geometry = Qwen3Geomet
     directory.mkdir(parents=True, exist_ok=True)
     window = {} if sliding_window is None else dict(use_sliding_window=True, sliding_window=sliding_window,
                                                     max_window_layers=0)
+    # a vocabulary too small for Qwen's special tokens (check 7's 4 tokens) has none
+    specials = (dict(bos_token_id=ENDOFTEXT, eos_token_id=IM_END, pad_token_id=ENDOFTEXT) if geometry.vocab_size > IM_END
+                else dict(bos_token_id=None, eos_token_id=None, pad_token_id=None))
     config = Qwen3Config(
-        **asdict(geometry), bos_token_id=ENDOFTEXT, eos_token_id=IM_END, pad_token_id=ENDOFTEXT,
+        **asdict(geometry), **specials,
         initializer_range=init_std, torch_dtype=dtype, **window,
     )
     torch.manual_seed(seed)

@@ -2,7 +2,7 @@
 
     python -m pytest --pyargs qwen_serve.conformance [--backend NAME] [--kv-cache NAME]
 
-runs the six acceptance checks of SPEC §7 for every installed backend x every KV cache, each
+runs the acceptance checks of SPEC §7 (and §11's check 7) for every installed backend x every KV cache, each
 test printing its measured figure, and ends with a table of implementations x checks.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from qwen_serve.registry import load_registry
 from .implementations import EngineCache, Implementation, discover
 
 CHECKS = {1: "seed determinism", 2: "greedy = transformers", 3: "batching", 4: "prefix cache",
-          5: "paged KV", 6: "int4 quality"}
+          5: "paged KV", 6: "int4 quality", 7: "speculative sampling"}
 REGISTRY = pytest.StashKey[object]()  # loaded once per session: entry points are scanned once
 IMPLEMENTATIONS = pytest.StashKey[list]()  # discovered (and their caches probed) once per session
 RESULTS = pytest.StashKey[dict]()  # implementation id -> check number -> [(status, figures, reason)]
@@ -32,7 +32,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[RESULTS] = defaultdict(lambda: defaultdict(list))
-    config.addinivalue_line("markers", "conformance_check(number): one of the six acceptance checks")
+    config.addinivalue_line("markers", "conformance_check(number): one of the acceptance checks (1-7)")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -101,6 +101,14 @@ def random_qwen3_windowed(tmp_path_factory) -> str:
 
     return str(make_qwen3_checkpoint(tmp_path_factory.mktemp("conformance-qwen3-window"), Qwen3Geometry(), seed=11,
                                      sliding_window=CONFORMANCE_WINDOW))
+
+
+@pytest.fixture(scope="session")
+def speculation_qwen3(tmp_path_factory) -> str:
+    """A 4-token random Qwen3 whose next-token distributions check 7 computes exactly."""
+    from .speculation import write_model
+
+    return str(write_model(tmp_path_factory.mktemp("conformance-qwen3-vocab4")))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -86,4 +86,17 @@ def amplifies_batch_variance(cache: Any) -> str | None:
     if isinstance(cache, LossyKV):
         return (f"{type(cache).__name__} rounds keys/values (LossyKV), which can turn the matmuls' "
                 f"row-count rounding into a different draw under concurrency")
+
+
+def cannot_speculate(cache: Any, sampler: Any) -> str | None:
+    """Check 7 needs a cache that rolls rejected drafts back and a sampler that verifies sampled
+    drafts by rejection sampling; without either the engine decodes sampled requests normally."""
+    from qwen_serve.protocols import Rewinding
+    from qwen_serve.speculative.protocols import DraftVerifying
+
+    if not isinstance(cache, Rewinding):
+        return f"{type(cache).__name__} cannot roll back rejected drafts (no Rewinding): it runs without speculation"
+    if not isinstance(sampler, DraftVerifying):
+        return (f"{type(sampler).__name__} cannot verify sampled drafts (no DraftVerifying): sampled requests "
+                f"run without speculation")
     return None

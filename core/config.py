@@ -115,6 +115,8 @@ class EngineConfig:
     batching: str = "continuous"  # or "static": a new batch only once the last one has finished
     scheduling_policy: str = "fcfs"  # "priority": lower request priority values are served first
     kv_window: int | None = None  # for a sliding-window KV cache: positions each query attends over
+    speculative: str | None = None  # a registered proposer (e.g. "ngram"): speculative decoding on
+    num_speculative_tokens: int = 4  # proposals verified per sequence per step, at most
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -124,6 +126,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.kv_window is not None and (not isinstance(self.kv_window, int) or self.kv_window <= 0):
             raise ValueError(f"kv_window must be a positive integer, got {self.kv_window!r}")
+        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens <= 0:
+            raise ValueError(f"num_speculative_tokens must be a positive integer, got {self.num_speculative_tokens!r}")
         if self.max_seq_len is not None and self.max_seq_len <= 0:
             raise ValueError(f"max_seq_len must be positive, got {self.max_seq_len!r}")
         if self.batching not in BATCHING_MODES:

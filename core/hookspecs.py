@@ -34,3 +34,9 @@ def register_kv_storages(register: Callable[..., None]) -> None:
 def register_logits_processors(register: Callable[..., None]) -> None:
     """Call register(name, factory) for each logits processor; factory(model_config, tokenizer) ->
     LogitsProcessor (core/protocols.py), built once per engine."""
+
+
+@hookspec
+def register_proposers(register: Callable[..., None]) -> None:
+    """Call register(name, factory) for each speculative-decoding proposer; factory(engine_config)
+    -> Proposer (core/speculative/protocols.py), built once per engine (``--speculative NAME``)."""

@@ -108,6 +108,18 @@ class Forking(Protocol):
 
 
 @runtime_checkable
+class Rewinding(Protocol):
+    """A cache that can forget a sequence's last positions (speculative decoding's rejected
+    drafts), giving back blocks that end up holding none of its positions. Only positions the
+    engine never committed are rewound, so a block published to the prefix cache (always a
+    full block of committed positions) is never altered; a cache without this runs without
+    speculation."""
+
+    def rewind(self, seq_id: int, num_tokens: int) -> None:
+        """Keep positions [0, num_tokens) of seq_id; later ones are no longer held."""
+
+
+@runtime_checkable
 class SlidingWindow(Protocol):
     """A cache that keeps only each sequence's last ``window`` positions. A query at position q
     attends to keys at positions window_start(q) .. q, where window_start(q) =
@@ -145,6 +157,7 @@ class ScheduledChunk:
     token_ids: Sequence[int]
     start: int
     sample: bool  # whether the last position's logits are wanted
+    num_draft: int = 0  # the last num_draft tokens are proposals: with sample, logits of the last num_draft + 1 positions
 
 
 @dataclass(frozen=True)
@@ -263,7 +276,8 @@ class ModelExecutor(Protocol):
     def weight_bytes(self) -> int: ...
 
     def execute(self, batch: StepBatch, cache: KVCache) -> Any:
-        """Logits [number of chunks with sample=True, vocab], in chunk order."""
+        """Logits [sum of 1 + num_draft over chunks with sample=True, vocab], in chunk order (a
+        chunk with drafts gives its last num_draft + 1 rows, in position order)."""
 
 
 @runtime_checkable

@@ -26,6 +26,7 @@ BUILTIN_PLUGINS = {
     "mlx": "qwen_serve.backends.mlx.plugin",
     "kv_caches": "qwen_serve.kv.plugin",
     "logits_processors": "qwen_serve.logits.plugin",
+    "proposers": "qwen_serve.speculative.plugin",
     "int8_kv": "qwen_serve.plugins.int8_kv.plugin",
     "sliding_window": "qwen_serve.plugins.sliding_window.plugin",
 }
@@ -70,6 +71,13 @@ class LogitsProcessorEntry:
     plugin: str = ""
 
 
+@dataclass(frozen=True)
+class ProposerEntry:
+    name: str
+    factory: Callable[..., Any]  # factory(engine_config) -> Proposer
+    plugin: str = ""
+
+
 @dataclass
 class Registry:
     """Everything the loaded plugins registered, by name."""
@@ -78,6 +86,7 @@ class Registry:
     kv_caches: dict[str, KVCacheEntry] = field(default_factory=dict)
     logits_processors: dict[str, LogitsProcessorEntry] = field(default_factory=dict)  # applied in this order
     kv_storages: dict[tuple[str, str], KVStorageEntry] = field(default_factory=dict)
+    proposers: dict[str, ProposerEntry] = field(default_factory=dict)
     plugin_manager: pluggy.PluginManager | None = None
 
     def backend(self, name: str) -> Any:
@@ -100,6 +109,14 @@ class Registry:
         if entry is None:
             raise PluginNotFound(
                 f"unknown KV cache {name!r}; installed KV caches: {', '.join(sorted(self.kv_caches)) or 'none'}"
+            )
+        return entry.factory
+
+    def proposer_factory(self, name: str) -> Callable[..., Any]:
+        entry = self.proposers.get(name)
+        if entry is None:
+            raise PluginNotFound(
+                f"unknown proposer {name!r}; installed proposers: {', '.join(sorted(self.proposers)) or 'none'}"
             )
         return entry.factory
 
@@ -181,12 +198,17 @@ def load_registry(env: Mapping[str, str] | None = None, pm: pluggy.PluginManager
             _claim(registry.logits_processors, name, "logits processor", _p)
             registry.logits_processors[name] = LogitsProcessorEntry(name, factory, _p)
 
+        def register_proposer(name: str, factory: Callable[..., Any], _p=plugin_name):
+            _claim(registry.proposers, name, "proposer", _p)
+            registry.proposers[name] = ProposerEntry(name, factory, _p)
+
         caller = pm.subset_hook_caller
         others = [p for p in pm.get_plugins() if p is not plugin]
         caller("register_backends", remove_plugins=others)(register=register_backend)
         caller("register_kv_caches", remove_plugins=others)(register=register_kv_cache)
         caller("register_logits_processors", remove_plugins=others)(register=register_logits_processor)
         caller("register_kv_storages", remove_plugins=others)(register=register_kv_storage)
+        caller("register_proposers", remove_plugins=others)(register=register_proposer)
     return registry
 
 

@@ -39,3 +39,12 @@ def test_the_installed_example_plugin_is_found_through_its_entry_point(run_suite
     result = run_suite("--backend", "torch", "--kv-cache", "audited-paged", "-k", "test_5")
     result.assert_outcomes(passed=1)
     assert "torch-audited-paged" in result.stdout.str()
+
+
+def test_check_7_runs_on_a_rewinding_cache_and_skips_one_that_cannot_rewind(run_suite):
+    result = run_suite("--backend", "torch", "--kv-cache", "paged", "--kv-cache", "sliding-window", "-k", "test_7")
+    result.assert_outcomes(passed=1, skipped=1)
+    out = result.stdout.str()
+    table = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| torch-")}
+    assert "PASS chi2" in table["torch-paged"] and "skip" in table["torch-sliding-window"]
+    assert "cannot roll back rejected drafts (no Rewinding)" in out

@@ -49,25 +49,53 @@ class MLXSampler:
 
     @staticmethod
     def _draw(row: mx.array, p: SamplingParams, key: RequestKey) -> int:
-        # float64 and max-subtracted: a temperature as small as 1e-300 must not overflow to NaN
-        # (float64 runs on the CPU stream: MLX's GPU has none)
         with mx.stream(mx.cpu):
-            row = row.astype(mx.float64)
-            scaled = (row - row.max()) / p.temperature
-            if 0 < p.top_k < scaled.size:
-                kth = mx.topk(scaled, p.top_k).min()
-                scaled = mx.where(scaled < kth, -mx.inf, scaled)
-            probs = mx.softmax(scaled, axis=-1)
-            order = None
-            if p.top_p < 1.0:
-                order = mx.argsort(-probs)
-                probs = probs[order]
-                mass_before = mx.cumsum(probs) - probs
-                probs = mx.where(mass_before >= p.top_p, 0.0, probs)  # index 0 always stays
-            if p.min_p > 0:  # top-p never removes the most likely token, so the max is softmax's
-                probs = mx.where(probs < p.min_p * probs.max(), 0.0, probs)
+            probs, order = filtered(row, p)
             index = mx.random.categorical(mx.log(probs).astype(mx.float32), key=key.next())
             return int((index if order is None else order[index]).item())
+
+    def verify_draft(self, logits: mx.array, params: SamplingParams, generator: RequestKey,
+                     draft: Sequence[int]) -> list[int]:
+        """Rejection sampling against a point-mass proposal (DraftVerifying): keep draft[i] with
+        probability p(draft[i]), else draw from p without draft[i] and stop."""
+        rows = logits.astype(mx.float32)
+        emitted: list[int] = []
+        for i, token in enumerate(draft):
+            with mx.stream(mx.cpu):
+                probs, order = filtered(rows[i], params)
+                if order is not None:  # back to vocabulary order
+                    probs = mx.zeros_like(probs).at[order].add(probs)
+                probs = probs / probs.sum()
+                if mx.random.uniform(key=generator.next()).item() < probs[token].item():
+                    emitted.append(int(token))
+                    continue
+                residual = mx.where(mx.arange(probs.size) == token, 0.0, probs)
+                emitted.append(int(mx.random.categorical(mx.log(residual).astype(mx.float32), key=generator.next()).item()))
+                return emitted
+        emitted.append(self._draw(rows[len(draft)], params, generator))
+        return emitted
+
+
+def filtered(row: mx.array, p: SamplingParams) -> tuple[mx.array, mx.array | None]:
+    """The weights a sampled row draws from (float64, not normalized after top-p / min-p), and
+    with top-p the permutation they are in (None: vocabulary order). Runs on the CPU stream."""
+    # float64 and max-subtracted: a temperature as small as 1e-300 must not overflow to NaN
+    # (float64 runs on the CPU stream: MLX's GPU has none)
+    row = row.astype(mx.float64)
+    scaled = (row - row.max()) / p.temperature
+    if 0 < p.top_k < scaled.size:
+        kth = mx.topk(scaled, p.top_k).min()
+        scaled = mx.where(scaled < kth, -mx.inf, scaled)
+    probs = mx.softmax(scaled, axis=-1)
+    order = None
+    if p.top_p < 1.0:
+        order = mx.argsort(-probs)
+        probs = probs[order]
+        mass_before = mx.cumsum(probs) - probs
+        probs = mx.where(mass_before >= p.top_p, 0.0, probs)  # index 0 always stays
+    if p.min_p > 0:  # top-p never removes the most likely token, so the max is softmax's
+        probs = mx.where(probs < p.min_p * probs.max(), 0.0, probs)
+    return probs, order
 
 
 def apply_adjustment(logits: mx.array, adjustment: BatchAdjustment) -> mx.array:

@@ -59,12 +59,13 @@ def build_layout(batch: StepBatch, block_size: int, block_table: Callable[[int],
     histories = [slots_for(block_table(c.seq_id), block_size, c.start + len(c.token_ids), first)
                  for c, first in zip(ordered, firsts)]
 
-    last_row: dict[int, int] = {}
+    end_row: dict[int, int] = {}
     row = 0
     for chunk in ordered:
         row += len(chunk.token_ids)
-        last_row[id(chunk)] = row - 1
-    sample_rows = [last_row[id(c)] for c in batch.chunks if c.sample]
+        end_row[id(chunk)] = row
+    # a chunk with drafts wants every draft position's logits too
+    sample_rows = [r for c in batch.chunks if c.sample for r in range(end_row[id(c)] - 1 - c.num_draft, end_row[id(c)])]
 
     decode_hist = histories[:len(decodes)]
     lengths = np.array([len(h) for h in decode_hist], dtype=np.int64)

@@ -37,6 +37,25 @@ class TorchSampler:
     def _draw(row: torch.Tensor, p: SamplingParams, generator: torch.Generator) -> int:
         return int(torch.multinomial(distribution(row, p), 1, generator=generator))
 
+    def verify_draft(self, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+                     draft: Sequence[int]) -> list[int]:
+        """Rejection sampling against a point-mass proposal (DraftVerifying): keep draft[i] with
+        probability p(draft[i]), else draw from p without draft[i] and stop."""
+        rows = logits.float()
+        emitted: list[int] = []
+        for i, token in enumerate(draft):
+            probs = distribution(rows[i], params)
+            probs = probs / probs.sum()
+            if float(torch.rand((), generator=generator, dtype=torch.float64)) < float(probs[token]):
+                emitted.append(int(token))
+                continue
+            residual = probs.clone()
+            residual[token] = 0.0
+            emitted.append(int(torch.multinomial(residual, 1, generator=generator)))
+            return emitted
+        emitted.append(self._draw(rows[len(draft)], params, generator))
+        return emitted
+
 
 def distribution(row: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """The weights a sampled row draws from (float64, not normalized after top-p / min-p)."""

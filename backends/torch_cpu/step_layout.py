@@ -63,8 +63,8 @@ def build_layout(batch: StepBatch, cache: KVCache) -> StepLayout:
             mask = None if plain_causal else torch.from_numpy(visible_keys(chunk.start, stop, first, window))
             prefills.append(PrefillSpan(slice(row, row + n), slots, mask))
         row += n
-        if chunk.sample:
-            sample_rows.append(row - 1)
+        if chunk.sample:  # a chunk with drafts wants every draft position's logits too
+            sample_rows.extend(range(row - 1 - chunk.num_draft, row))
     lengths = [len(s) for s in decode_slots]
     longest = max(lengths, default=0)
     padded = torch.zeros((len(decode_slots), longest), dtype=torch.long)

@@ -56,6 +56,7 @@ def build_engine(
     registry = registry or load_registry(env)
     config = EngineConfig(**engine_options)
     cache_factory = registry.kv_cache_factory(kv_cache)
+    proposer_factory = registry.proposer_factory(config.speculative) if config.speculative else None
     compute = registry.backend(backend)
     registry.kv_storage_entry(kv_cache, backend)
     checkpoint = load_checkpoint(model if model is not None else default_model_path())
@@ -77,7 +78,8 @@ def build_engine(
     else:
         executor = compute.load_model(checkpoint, dtype=dtype, quant=quant, importance=importance)
     processors = [entry.factory(checkpoint.config, checkpoint.tokenizer) for entry in registry.logits_processors.values()]
-    engine = Engine(executor, cache, compute.create_sampler(), checkpoint.tokenizer, config, processors)
+    proposer = proposer_factory(config) if proposer_factory is not None else None
+    engine = Engine(executor, cache, compute.create_sampler(), checkpoint.tokenizer, config, processors, proposer)
     return EngineParts(engine, compute, executor, cache, checkpoint.tokenizer, checkpoint,
                        checkpoint.config, config, registry, storage)
 

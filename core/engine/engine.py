@@ -13,7 +13,11 @@ from ..errors import InvalidRequest
 from ..logits.pipeline import LogitsPipeline
 from ..logits.plugin import builtin_logits_processors
 from ..models.tokenizer import Tokenizer
-from ..protocols import Forking, KVCache, LogitsProcessor, ModelExecutor, PrefixCaching, Sampler
+from ..protocols import Forking, KVCache, LogitsProcessor, ModelExecutor, PrefixCaching, Rewinding, Sampler
+from ..speculative import verify
+from ..speculative.drafting import Drafter
+from ..speculative.plugin import builtin_proposer
+from ..speculative.protocols import Proposer
 from .choices import blocks_for_choices
 from .detokenizer import IncrementalDetokenizer
 from .sampling import StepSampler
@@ -46,6 +50,8 @@ class EngineStats:
     prefill_tokens_total: int = 0
     decode_tokens_total: int = 0
     steps_total: int = 0
+    draft_tokens_total: int = 0  # proposals verified (speculative decoding)
+    accepted_draft_tokens_total: int = 0  # of those, the ones kept
 
 
 class Engine:
@@ -57,9 +63,12 @@ class Engine:
         tokenizer: Tokenizer,
         config: EngineConfig,
         logits_processors: Seq[LogitsProcessor] | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
         """logits_processors: None means the built-in ones (penalties, logit_bias, min_tokens,
-        structured output); the builder passes every registered one."""
+        structured output); the builder passes every registered one. proposer: for
+        config.speculative, None means the built-in one of that name; the builder passes the
+        registered one. A cache that cannot rewind runs without speculation."""
         self.executor = executor
         self.cache = cache
         self.sampler = sampler
@@ -67,7 +76,13 @@ class Engine:
         self.config = config
         self.model_config: ModelConfig = executor.config
         self.max_seq_len = config.resolved_max_seq_len(self.model_config)
-        self.scheduler = Scheduler(cache, config)
+        self.drafter = None
+        if config.speculative is not None and isinstance(cache, Rewinding):
+            proposer = proposer if proposer is not None else builtin_proposer(config.speculative, config)
+            self.drafter = Drafter(proposer, config.num_speculative_tokens, sampler)
+        elif config.speculative is not None:
+            log.warning("KV cache %s cannot rewind: speculative decoding is off", type(cache).__name__)
+        self.scheduler = Scheduler(cache, config, self.drafter)
         if logits_processors is None:
             logits_processors = builtin_logits_processors(self.model_config, tokenizer)
         self.logits = LogitsPipeline(logits_processors)
@@ -187,27 +202,58 @@ class Engine:
             return []
         logits = self.executor.execute(batch, self.cache)
         by_id = {s.seq_id: s for s in self.scheduler.running}
-        sampled = [by_id[c.seq_id] for c in batch.chunks if c.sample]
-        tokens, logprobs = self.step_sampler.sample(logits, sampled)
+        sampled_chunks = [c for c in batch.chunks if c.sample]
+        sampled = [by_id[c.seq_id] for c in sampled_chunks]
+        if any(c.num_draft for c in sampled_chunks):
+            drawn = verify.draw(self.step_sampler, self.sampler, logits, list(zip(sampled, sampled_chunks)))
+        else:
+            tokens, logprobs = self.step_sampler.sample(logits, sampled)
+            drawn = [([t], [lp]) for t, lp in zip(tokens, logprobs)]
         self.stats.steps_total += 1
 
         for chunk in batch.chunks:
             seq = by_id[chunk.seq_id]
-            seq.num_computed += len(chunk.token_ids)
+            computed = len(chunk.token_ids) - chunk.num_draft  # drafts count once kept
+            seq.num_computed += computed
             if seq.num_computed <= len(seq.prompt_token_ids):
-                self.stats.prefill_tokens_total += len(chunk.token_ids)
+                self.stats.prefill_tokens_total += computed
             else:
-                self.stats.decode_tokens_total += len(chunk.token_ids)
+                self.stats.decode_tokens_total += computed
             if isinstance(self.cache, PrefixCaching):
                 self.cache.publish(seq.seq_id, seq.token_ids(), seq.num_computed)
 
         outputs = []
         now = time.monotonic()
-        for row, (seq, token, lp) in enumerate(zip(sampled, tokens, logprobs)):
+        row = 0
+        for seq, chunk, (tokens, logprobs) in zip(sampled, sampled_chunks, drawn):
             forked = self._fork_choices(seq, logits[row:row + 1]) if seq.forks else []
-            outputs.append(self._postprocess(seq, token, lp, now))
+            row += 1 + chunk.num_draft
+            if chunk.num_draft:
+                outputs.append(self._postprocess_verified(seq, chunk.num_draft, tokens, now))
+                continue
+            outputs.append(self._postprocess(seq, tokens[0], logprobs[0], now))
             outputs.extend(self._postprocess(child, t, c_lp, now) for child, t, c_lp in forked)
         return outputs
+
+    def _postprocess_verified(self, seq: Sequence, num_draft: int, tokens: list[int | None], now: float) -> RequestOutput:
+        """Append a verified chunk's tokens one by one, as decoding would (an EOS or a stop among
+        them ends the request right there), then keep the accepted drafts' positions in the KV
+        cache and rewind the rejected ones."""
+        kept = len(tokens) - 1  # accepted drafts; their keys/values were computed in this step
+        self.stats.draft_tokens_total += num_draft
+        self.stats.accepted_draft_tokens_total += kept
+        merged: RequestOutput | None = None
+        for token in tokens:
+            out = self._postprocess(seq, token, None, now)
+            merged = out if merged is None else _merge_outputs(merged, out)
+            if seq.is_finished:
+                return merged
+        seq.num_computed += kept
+        self.stats.decode_tokens_total += kept
+        self.cache.rewind(seq.seq_id, seq.num_computed)
+        if isinstance(self.cache, PrefixCaching):
+            self.cache.publish(seq.seq_id, seq.token_ids(), seq.num_computed)
+        return merged
 
     def _fork_choices(self, seq: Sequence, row_logits) -> list[tuple[Sequence, int | None, dict | None]]:
         """seq's prompt is computed: its other choices share its blocks (copy-on-write) and draw
@@ -269,3 +315,10 @@ class Engine:
         except Exception:
             log.exception("logits processing rejected token %d of request %s", token, seq.request_id)
             return "error"
+
+
+def _merge_outputs(first: RequestOutput, then: RequestOutput) -> RequestOutput:
+    """One request's outputs of one step as one (a verified chunk emits several tokens)."""
+    return RequestOutput(first.request_id, first.new_token_ids + then.new_token_ids, first.new_text + then.new_text,
+                         then.finished, then.finish_reason, first.new_logprobs + then.new_logprobs,
+                         index=then.index, num_cached_tokens=then.num_cached_tokens)

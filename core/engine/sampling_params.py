@@ -80,6 +80,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] = ()  # stored as sorted (id, bias) pairs
     structured: StructuredOutput | None = None
+    speculative: bool = True  # False: never speculate for this request, even on a server that does
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

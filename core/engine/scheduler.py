@@ -16,22 +16,33 @@ Under the "priority" policy (EngineConfig.scheduling_policy) the waiting queue i
 is the lowest-ranked running one; and a waiting sequence that cannot be admitted for lack of
 KV blocks preempts running sequences of a strictly lower priority until it fits. (A full
 batch alone never preempts: the better-ranked sequence takes the next free slot.)
+
+With a Drafter (speculative decoding), a sequence past its first token may carry proposed
+tokens after its last real one, in the chunk that ends at its last token. Decodes get them only
+once every decode has its own position, so drafts never push another sequence out, and the step
+budget counts them. The last chunk of a preempted sequence's recomputation carries them too, so a
+seeded request draws the same way whether or not it was preempted.
 """
 from __future__ import annotations
 
 import bisect
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from ..config import EngineConfig
 from ..protocols import KVCache, PrefixCaching, ScheduledChunk, StepBatch
 from .sequence import Sequence, Status
 
+if TYPE_CHECKING:
+    from ..speculative.drafting import Drafter
+
 
 class Scheduler:
-    def __init__(self, cache: KVCache, config: EngineConfig) -> None:
+    def __init__(self, cache: KVCache, config: EngineConfig, drafter: "Drafter | None" = None) -> None:
         self.cache = cache
         self.config = config
+        self.drafter = drafter
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -58,13 +69,15 @@ class Scheduler:
             if not self._make_room(seq, chunks):
                 continue
             chunks.append(self._chunk(seq, 1))
+        if self.drafter is not None:
+            self._add_drafts(chunks)
         budget = self.config.step_budget - sum(len(c.token_ids) for c in chunks)
         for seq in [s for s in self.running if s.num_uncomputed > 1]:
             if budget <= 0:
                 break
             n = min(self.config.chunk_size, seq.num_uncomputed, budget)
-            chunks.append(self._chunk(seq, n))
-            budget -= n
+            chunks.append(self._drafted(seq, self._chunk(seq, n), budget - n))
+            budget -= len(chunks[-1].token_ids)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_batch and self._batch_open():
             seq = self.waiting[0]
             if not self._admit(seq):
@@ -75,8 +88,8 @@ class Scheduler:
                 continue
             self.waiting.popleft()
             n = min(self.config.chunk_size, seq.num_uncomputed, budget)
-            chunks.append(self._chunk(seq, n))
-            budget -= n
+            chunks.append(self._drafted(seq, self._chunk(seq, n), budget - n))
+            budget -= len(chunks[-1].token_ids)
         return StepBatch(tuple(chunks))
 
     def _batch_open(self) -> bool:
@@ -87,6 +100,24 @@ class Scheduler:
         start = seq.num_computed
         tokens = seq.token_ids()[start:start + n]
         return ScheduledChunk(seq.seq_id, tokens, start, sample=start + n == seq.num_tokens)
+
+    def _add_drafts(self, chunks: list[ScheduledChunk]) -> None:
+        """Give decodes their proposals within the budget the decodes leave."""
+        spare = self.config.step_budget - len(chunks)
+        by_id = {s.seq_id: s for s in self.running}
+        for i, chunk in enumerate(chunks):
+            chunks[i] = self._drafted(by_id[chunk.seq_id], chunk, spare)
+            spare -= chunks[i].num_draft
+
+    def _drafted(self, seq: Sequence, chunk: ScheduledChunk, spare: int) -> ScheduledChunk:
+        """chunk with seq's proposals appended, if it ends at seq's last token, seq is past its
+        first token and the cache has room for them (otherwise chunk itself)."""
+        if self.drafter is None or not chunk.sample or not seq.output_token_ids or spare <= 0:
+            return chunk
+        draft = self.drafter.draft(seq, spare)
+        if not draft or not self.cache.allocate_slots(seq.seq_id, seq.num_tokens, len(draft), seq.max_total_tokens):
+            return chunk
+        return ScheduledChunk(seq.seq_id, list(chunk.token_ids) + draft, chunk.start, True, num_draft=len(draft))
 
     def _admit(self, seq: Sequence) -> bool:
         """Attach prefix hits and reserve the whole remaining prompt, or leave seq waiting."""

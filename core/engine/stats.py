@@ -41,6 +41,8 @@ class EngineSnapshot:
     decode_tokens_total: int
     tokens_per_sec: float
     preemptions_total: int
+    spec_draft_tokens_total: int = 0  # speculative decoding: proposals verified
+    spec_accepted_tokens_total: int = 0  # of those, the ones kept
 
     @classmethod
     def take(cls, engine: Any, throughput: ThroughputWindow) -> "EngineSnapshot":
@@ -57,6 +59,8 @@ class EngineSnapshot:
             decode_tokens_total=engine.stats.decode_tokens_total,
             tokens_per_sec=throughput.rate(time.monotonic()),
             preemptions_total=scheduler.num_preemptions,
+            spec_draft_tokens_total=engine.stats.draft_tokens_total,
+            spec_accepted_tokens_total=engine.stats.accepted_draft_tokens_total,
         )
 
 

@@ -42,6 +42,13 @@ class NaiveKVCache:
     def free(self, seq_id: int) -> None:
         self._runs.pop(seq_id, None)
 
+    def rewind(self, seq_id: int, num_tokens: int) -> None:
+        """Nothing to give back: the run stays reserved for the sequence's longest length, and
+        positions past num_tokens are simply written again."""
+        if num_tokens > self.reserved_tokens(seq_id):
+            raise ValueError(f"sequence {seq_id}: cannot rewind to {num_tokens} tokens, it holds "
+                             f"{self.reserved_tokens(seq_id)}")
+
     def reserved_tokens(self, seq_id: int) -> int:
         return self._runs.get(seq_id, (0, 0))[1] * self.block_size
 

@@ -65,6 +65,17 @@ class PagedKVCache:
         self._hashes.pop(seq_id, None)
         self.pool.release(reversed(table))
 
+    def rewind(self, seq_id: int, num_tokens: int) -> None:
+        """Blocks wholly past num_tokens go back (tail first); a published block never does."""
+        table = self._tables.get(seq_id, [])
+        keep = self._blocks_for(num_tokens)
+        if len(self._hashes.get(seq_id, ())) * self.block_size > num_tokens:
+            raise ValueError(f"sequence {seq_id}: cannot rewind to {num_tokens} tokens, its published blocks "
+                             f"hold {len(self._hashes[seq_id]) * self.block_size}")
+        if keep < len(table):
+            self.pool.release(reversed(table[keep:]))
+            del table[keep:]
+
     def block_table(self, seq_id: int) -> Sequence[int]:
         return self._tables.get(seq_id, ())
 

@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how replies separate reasoning: qwen3 | none (default: qwen3 if the chat template writes <think>)")
     p.add_argument("--tool-call-parser", default=None, help="how replies' tool calls are read: hermes | qwen3 | none "
                    "(default: hermes)")
+    p.add_argument("--speculative", default=None, metavar="PROPOSER",
+                   help="speculative decoding with this proposer (ngram: prompt lookup); needs a KV cache that "
+                        "can rewind (paged, naive)")
+    p.add_argument("--num-speculative-tokens", type=int, default=DEFAULTS.num_speculative_tokens,
+                   help=f"with --speculative: proposals verified per sequence per step, at most "
+                        f"(default {DEFAULTS.num_speculative_tokens})")
     p.add_argument("--scheduling-policy", default=DEFAULTS.scheduling_policy,
                    help="fcfs | priority (requests' 'priority' field: lower first; preempts lower priorities "
                         "when KV blocks run out)")
@@ -83,6 +89,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         chunk_size=args.chunk_size, step_budget=args.step_budget, max_seq_len=args.max_seq_len,
         prefix_cache=not args.no_prefix_cache, seed=args.seed, batching=args.batching,
         scheduling_policy=args.scheduling_policy, kv_window=args.kv_window,
+        speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
     )
 
 
@@ -157,6 +164,8 @@ def run_server(args: argparse.Namespace) -> int:
     registry = load_registry()
     registry.kv_cache_factory(args.kv_cache)
     registry.backend(args.backend)
+    if args.speculative:
+        registry.proposer_factory(args.speculative)
 
     def load():
         parts = build_engine(args.model, args.backend, args.kv_cache, args.dtype, args.quant, registry=registry,

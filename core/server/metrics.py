@@ -67,7 +67,8 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-COUNTERS = {"requests_total", "prefix_cache_hits", "prefill_tokens_total", "decode_tokens_total", "preemptions_total"}
+COUNTERS = {"requests_total", "prefix_cache_hits", "prefill_tokens_total", "decode_tokens_total", "preemptions_total",
+            "spec_draft_tokens_total", "spec_accepted_tokens_total"}
 
 
 class _Collector:

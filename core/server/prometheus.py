@@ -88,7 +88,8 @@ class RequestMetrics:
 
 class EngineGauges:
     """Scrape-time figures from the engine snapshot: requests running and waiting, KV-cache
-    usage (the fraction of blocks held, prefix-cache-only blocks included), preemptions."""
+    usage (the fraction of blocks held, prefix-cache-only blocks included), preemptions, and
+    speculative proposals verified and kept (vLLM's spec_decode counters)."""
 
     def __init__(self, snapshot_source: Any, model_name: str) -> None:
         self._source = snapshot_source  # has .snapshot (an EngineSnapshot)
@@ -109,4 +110,10 @@ class EngineGauges:
         preemptions = CounterMetricFamily(PREFIX + "num_preemptions", "Sequences preempted for lack of KV blocks "
                                           "or for a higher priority.", labels=["model_name"])
         preemptions.add_metric(label, snap.preemptions_total)
-        return [running, waiting, usage, preemptions]
+        drafts = CounterMetricFamily(PREFIX + "spec_decode_num_draft_tokens", "Speculative proposals verified.",
+                                     labels=["model_name"])
+        drafts.add_metric(label, snap.spec_draft_tokens_total)
+        accepted = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens", "Speculative proposals kept.",
+                                       labels=["model_name"])
+        accepted.add_metric(label, snap.spec_accepted_tokens_total)
+        return [running, waiting, usage, preemptions, drafts, accepted]

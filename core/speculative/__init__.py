@@ -1,0 +1,1 @@
+"""Speculative decoding: proposers guess the next tokens, one batched forward verifies them."""

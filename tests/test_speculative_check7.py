@@ -1,0 +1,61 @@
+"""Check 7 must be able to fail: the same statistics on deliberately wrong acceptance rules
+(always keep the draft; on rejection draw from p without removing the draft) reject them."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qwen_serve import LLM
+from qwen_serve.backends.torch_cpu.sampler import TorchSampler, distribution
+from qwen_serve.conformance import speculation
+
+
+class AlwaysAccept(TorchSampler):
+    def verify_draft(self, logits, params, generator, draft):
+        return list(draft) + [self._draw(logits[len(draft)].float(), params, generator)]
+
+
+class ResampleWithTheDraft(TorchSampler):
+    """Rejects with the right probability but draws the replacement from all of p."""
+
+    def verify_draft(self, logits, params, generator, draft):
+        out = []
+        for i, token in enumerate(draft):
+            probs = distribution(logits[i].float(), params)
+            probs = probs / probs.sum()
+            if float(torch.rand((), generator=generator, dtype=torch.float64)) < float(probs[token]):
+                out.append(int(token))
+                continue
+            return out + [self._draw(logits[i].float(), params, generator)]
+        return out + [self._draw(logits[len(draft)].float(), params, generator)]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return str(speculation.write_model(tmp_path_factory.mktemp("check7")))
+
+
+@pytest.fixture(scope="module")
+def joint(model):
+    joint = speculation.exact_joint(model)
+    assert abs(sum(joint.values()) - 1) < 1e-9 and len(joint) == speculation.VOCAB ** speculation.LENGTH
+    return joint
+
+
+def p_value(model, joint, sampler=None, **options) -> float:
+    llm = LLM(model, **options)
+    if sampler is not None:
+        llm.engine.sampler = sampler  # the verifier the engine calls for drafted chunks
+    sampled = speculation.sample_joint(llm)
+    return speculation.chi_square(sampled.counts, joint)[2]
+
+
+@pytest.mark.parametrize("wrong", [AlwaysAccept, ResampleWithTheDraft])
+def test_check_7_fails_on_a_wrong_acceptance_rule(model, joint, wrong):
+    spec = dict(speculative="ngram", num_speculative_tokens=speculation.SPECULATIVE_TOKENS)
+    assert p_value(model, joint, wrong(), **spec) < speculation.ALPHA
+
+
+def test_check_7_passes_normal_decoding(model, joint):
+    """The reference side of the test: plain sampling (no speculation) fits the exact distribution."""
+    assert p_value(model, joint) > speculation.ALPHA

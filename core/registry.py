@@ -26,7 +26,7 @@ BUILTIN_PLUGINS = {
     "mlx": "qwen_serve.backends.mlx.plugin",
     "kv_caches": "qwen_serve.kv.plugin",
     "logits_processors": "qwen_serve.logits.plugin",
-    "proposers": "qwen_serve.speculative.plugin",
+    "ngram": "qwen_serve.plugins.ngram.plugin",
     "int8_kv": "qwen_serve.plugins.int8_kv.plugin",
     "sliding_window": "qwen_serve.plugins.sliding_window.plugin",
 }

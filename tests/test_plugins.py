@@ -95,7 +95,7 @@ def test_duplicate_names_are_refused():
 def test_env_var_restricts_entry_point_plugins():
     pm = make_plugin_manager(env={"QWEN_SERVE_PLUGINS": ""})
     names = {name for name, _ in pm.list_name_plugin()}
-    assert names == {"torch", "mlx", "kv_caches", "logits_processors", "proposers", "int8_kv", "sliding_window"}
+    assert names == {"torch", "mlx", "kv_caches", "logits_processors", "ngram", "int8_kv", "sliding_window"}
 
 
 @pytest.mark.parametrize("flags, needle", [

@@ -12,8 +12,8 @@ from numpy_kv_storage import NumpyKVStorage
 from qwen_serve import LLM, SamplingParams
 from qwen_serve.kv.naive import NaiveKVCache
 from qwen_serve.kv.paged import PagedKVCache
+from qwen_serve.plugins.ngram.proposer import NgramProposer
 from qwen_serve.protocols import Rewinding
-from qwen_serve.speculative.ngram import NgramProposer
 
 # Prompts with repeats (so the n-gram proposer has something to find) and without.
 PROMPTS = [[5, 6, 7, 8] * 5, [5, 6, 7, 8] * 4 + [9, 10, 11], [12, 13] * 9, [14] * 3, list(range(100, 140)) * 2,

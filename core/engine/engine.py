@@ -16,7 +16,6 @@ from ..models.tokenizer import Tokenizer
 from ..protocols import Forking, KVCache, LogitsProcessor, ModelExecutor, PrefixCaching, Rewinding, Sampler
 from ..speculative import verify
 from ..speculative.drafting import Drafter
-from ..speculative.plugin import builtin_proposer
 from ..speculative.protocols import Proposer
 from .choices import blocks_for_choices
 from .detokenizer import IncrementalDetokenizer
@@ -66,9 +65,9 @@ class Engine:
         proposer: Proposer | None = None,
     ) -> None:
         """logits_processors: None means the built-in ones (penalties, logit_bias, min_tokens,
-        structured output); the builder passes every registered one. proposer: for
-        config.speculative, None means the built-in one of that name; the builder passes the
-        registered one. A cache that cannot rewind runs without speculation."""
+        structured output); the builder passes every registered one. proposer: what
+        config.speculative names (the builder finds it among the registered proposers, e.g. the
+        bundled ngram plugin). A cache that cannot rewind runs without speculation."""
         self.executor = executor
         self.cache = cache
         self.sampler = sampler
@@ -77,8 +76,10 @@ class Engine:
         self.model_config: ModelConfig = executor.config
         self.max_seq_len = config.resolved_max_seq_len(self.model_config)
         self.drafter = None
+        if config.speculative is not None and proposer is None:
+            raise ValueError(f"speculative {config.speculative!r} needs its proposer (build_engine finds it "
+                             "among the registered proposers)")
         if config.speculative is not None and isinstance(cache, Rewinding):
-            proposer = proposer if proposer is not None else builtin_proposer(config.speculative, config)
             self.drafter = Drafter(proposer, config.num_speculative_tokens, sampler)
         elif config.speculative is not None:
             log.warning("KV cache %s cannot rewind: speculative decoding is off", type(cache).__name__)

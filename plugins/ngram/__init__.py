@@ -1,0 +1,1 @@
+"""The n-gram (prompt lookup) proposer plugin (qwen_serve.plugins.ngram)."""

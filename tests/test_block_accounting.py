@@ -10,6 +10,7 @@ import random
 
 import numpy as np
 import pytest
+from engine_steps import assert_blocks_accounted, step_until_done
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -696,20 +697,11 @@ def test_engine_forks_preempts_and_aborts_without_losing_a_block(qwen3_tiny, eng
         if abort_after is not None:
             aborts.setdefault(abort_after, []).append(f"r{i}")
     choices = {f"r{i}": list(engine.sequences[f"r{i}"]) for i in range(len(requests))}
-    steps = 0
-    while engine.has_unfinished():
-        for request_id in aborts.pop(steps, []):
-            engine.abort(request_id)
-        engine.step()
-        steps += 1
-        assert steps < 500
-        holders = [0] * kv_blocks
-        for seq_id in cache.sequence_ids():
-            for block in cache.block_table(seq_id):
-                holders[block] += 1
-        assert holders == cache.pool.ref_cnt
-        usage = cache.usage()
-        assert usage.used + usage.free == usage.total == kv_blocks
+    def check() -> None:
+        assert_blocks_accounted(cache)
+        assert cache.usage().total == kv_blocks
+
+    step_until_done(engine, aborts, check)
     usage = cache.usage()
     event(f"preempted: {engine.scheduler.num_preemptions > 0}")
     event(f"copied on write: {usage.cow_copies > 0}")

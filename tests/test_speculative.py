@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_steps import assert_blocks_accounted, step_until_done
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from numpy_kv_storage import NumpyKVStorage
@@ -103,17 +104,6 @@ def tiny(qwen3_tiny) -> str:
 @pytest.fixture(scope="module")
 def greedy_reference(tiny):
     return [o.token_ids for o in LLM(tiny).generate(PROMPTS, GREEDY)]
-
-
-def assert_blocks_accounted(cache) -> None:
-    """Each block's ref count equals the block tables holding it; used + free == total."""
-    holders = [0] * cache.pool.num_blocks
-    for seq_id in cache.sequence_ids():
-        for block in cache.block_table(seq_id):
-            holders[block] += 1
-    assert holders == cache.pool.ref_cnt
-    usage = cache.usage()
-    assert usage.used + usage.free == usage.total
 
 
 def run_checked(llm: LLM, prompts, params) -> list[list[int]]:
@@ -295,14 +285,7 @@ def test_drafts_forks_preemption_and_aborts_never_lose_a_block(tiny, greedy_refe
         if abort_after is not None:
             aborts.setdefault(abort_after, []).append(f"r{i}")
     choices = {f"r{i}": list(engine.sequences[f"r{i}"]) for i in range(len(requests))}
-    steps = 0
-    while engine.has_unfinished():
-        for request_id in aborts.pop(steps, []):
-            engine.abort(request_id)
-        engine.step()
-        steps += 1
-        assert steps < 500
-        assert_blocks_accounted(cache)
+    step_until_done(engine, aborts, lambda: assert_blocks_accounted(cache))
     event(f"preempted: {engine.scheduler.num_preemptions > 0}")
     event(f"drafts kept: {engine.stats.accepted_draft_tokens_total > 0}")
     usage = cache.usage()

@@ -142,14 +142,12 @@ class ChatServer:
 
     # --- endpoints ----------------------------------------------------------------------
     def _handler(self, make: Callable[[ServedModel], Callable[[web.Request], Awaitable[web.StreamResponse]]]):
-        """A route to an OpenAI handler, made once the model is attached (the lifecycle gate
-        keeps requests out until then)."""
-        handlers: list = []
+        """A route to an OpenAI handler over the attached model (the lifecycle gate keeps
+        requests out until attach(); the handlers only hold the ServedModel, so each request
+        makes its own)."""
 
         async def handle(request: web.Request) -> web.StreamResponse:
-            if not handlers:
-                handlers.append(make(self.served))
-            return await handlers[0](request)
+            return await make(self.served)(request)
 
         return handle
 

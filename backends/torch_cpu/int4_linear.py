@@ -19,6 +19,7 @@ from qwen_serve.quant.int4 import GROUP, Int4Weight, can_quantize
 
 from . import blocked_layout as blocked
 from .native import Kernels, cpu_features, has_fast_bf16_matmul, load_kernels
+from .row_buckets import pad_rows
 
 # Up to this many rows of x go through the kernels; more go through dequantized tiles. With the
 # AVX2 kernels (measured on Sapphire Rapids, Qwen3-0.6B geometry, 2 threads) the crossover was 16
@@ -92,9 +93,9 @@ class _QuantizedLinear:
 
     def _tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
         """y = x @ W.T with W dequantized one tile of rows at a time into the shared scratch."""
-        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
         dtype = self.scratch.gemm_dtype
-        xg = x.to(dtype)
+        xg = pad_rows(x.to(dtype))  # oneDNN: a bounded set of shapes (row_buckets.py)
+        y = torch.empty(xg.shape[0], self.out_features, dtype=torch.float32)
         step = self.scratch.rows_per_tile(self.in_features)
         for start in range(0, self.out_features, step):
             stop = min(self.out_features, start + step)
@@ -103,7 +104,7 @@ class _QuantizedLinear:
             if dtype != torch.float32:
                 tile = self.scratch.tile(stop - start, self.in_features, dtype).copy_(tile)
             y[:, start:stop] = F.linear(xg, tile)
-        return y
+        return y[: x.shape[0]]
 
 
 class Int4Linear(_QuantizedLinear):

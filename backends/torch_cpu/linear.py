@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from . import blocked_layout as blocked
 from .native import Kernels, cpu_features, has_fast_bf16_matmul
+from .row_buckets import pad_rows
 
 
 def compute_dtype(weight_dtype: torch.dtype) -> torch.dtype:
@@ -59,10 +60,14 @@ class DenseLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.blocked is not None:
             y = self.kernels.ops.bf16b_matmul_avx512(x.float().contiguous(), self.blocked, self.out_features)
-        elif self.packed is not None:
-            y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, None, "none", [], "")
-        else:
-            y = F.linear(x.to(self.dtype), self.weight.to(self.dtype))
+        else:  # oneDNN: a bounded set of shapes (row_buckets.py)
+            lead = x.shape[:-1]
+            x2 = pad_rows(x.reshape(-1, self.in_features).to(self.dtype))
+            if self.packed is not None:
+                y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "")
+            else:
+                y = F.linear(x2, self.weight.to(self.dtype))
+            y = y[: lead.numel()].view(*lead, self.out_features)
         y = y.float()
         return y if self.bias is None else y + self.bias
 

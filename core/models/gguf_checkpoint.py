@@ -62,8 +62,14 @@ def load_gguf(path: Path) -> Checkpoint:
         token_text("tokenizer.ggml.bos_token_id"), token_text("tokenizer.ggml.eos_token_id"),
     )
 
+    # Only the tensors outlive this call: the reader's fields hold a numpy memmap per token and
+    # merge (~150 MiB of Python objects for SmolLM2's vocabulary), and the Checkpoint lives as
+    # long as the server.
+    stored = reader.tensors
+    del reader
+
     def tensors(framework: str) -> Iterator[tuple[str, Any]]:
-        for tensor in reader.tensors:
+        for tensor in stored:
             name = hf_tensor_name(tensor.name)
             array = dequantize(tensor)
             if config.architecture == "LlamaForCausalLM" and name.endswith(("q_proj.weight", "k_proj.weight")):

@@ -210,3 +210,10 @@ def test_greedy_with_in_place_attention_equals_the_gather_path(qwen3_tiny, monke
     monkeypatch.setattr(model_module, "paged_decode_layout", lambda b, c: None)
     gathered = [o.token_ids for o in llm.generate(prompts, params)]
     assert in_place == gathered
+
+
+def test_a_build_killed_midway_does_not_block_the_next_one(tmp_path):
+    # torch's lock file, left by a build that was killed, would make every later load wait forever.
+    (tmp_path / "lock").touch()
+    with native._build_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()

@@ -15,10 +15,12 @@ pure-torch path. The operators run on torch's own OpenMP threads (``at::parallel
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -118,13 +120,29 @@ def _library() -> Any | None:
             from torch.utils import cpp_extension
 
             build_dir.mkdir(parents=True, exist_ok=True)
-            cpp_extension.load(name=name, sources=[str(p) for p in _sources() if p.suffix == ".cpp"],
-                               extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                               build_directory=str(build_dir), is_python_module=False, verbose=False)
+            with _build_lock(build_dir):
+                cpp_extension.load(name=name, sources=[str(p) for p in _sources() if p.suffix == ".cpp"],
+                                   extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                                   build_directory=str(build_dir), is_python_module=False, verbose=False)
     except (OSError, RuntimeError, ImportError) as error:  # a failed build: fall back, say why once
         log.warning("building the torch backend's kernels failed, using pure-torch fallbacks: %s", str(error)[-2000:])
         return None
     return torch.ops.qwen_serve
+
+
+@contextmanager
+def _build_lock(build_dir: Path):
+    """One build per directory at a time, under a lock the kernel drops with its holder.
+    torch's own lock is a plain file that a build killed midway (Ctrl-C on the first start)
+    leaves behind, and every later load would wait on it forever; under this lock a file left
+    there belongs to no live build, so it goes."""
+    with open(build_dir / "build.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (build_dir / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _ninja_module() -> bool:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from qwen_serve.backends.torch_cpu import blocked_layout as blocked
 from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Scratch
 from qwen_serve.backends.torch_cpu.native import Kernels, cpu_features, load_kernels
 from qwen_serve.quant import int4
@@ -67,6 +68,11 @@ def main() -> None:
         packed = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
         row(f"{str(dtype)[6:]} oneDNN prepacked", [best_of(
             lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""), packed, m, dtype) for m in ROWS])
+        del packed
+        if dtype == torch.bfloat16 and native is not None and native.isa == "avx512" and "avx512_bf16" in cpu_features():
+            pairs = [(blocked.block_pairs(w), w.shape[0]) for w in weights]
+            row("bfloat16 blocked kernel (AVX512-BF16)", [best_of(
+                lambda x, w: native.ops.bf16b_matmul_avx512(x, w[0], w[1]), pairs, m) for m in ROWS])
 
 
 if __name__ == "__main__":

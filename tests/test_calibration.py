@@ -11,7 +11,7 @@ import torch
 
 from qwen_serve.backends.torch_cpu.backend import TorchBackend
 from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear
-from qwen_serve.backends.torch_cpu.model import rms_norm
+from qwen_serve.backends.torch_cpu.layer_ops import rms_norm
 from qwen_serve.config import EngineConfig
 from qwen_serve.engine.builder import build_engine, measure_importance
 from qwen_serve.models.checkpoint import PROJECTIONS, load_checkpoint, projection_weight_name

@@ -217,3 +217,26 @@ def test_a_build_killed_midway_does_not_block_the_next_one(tmp_path):
     (tmp_path / "lock").touch()
     with native._build_lock(tmp_path):
         assert not (tmp_path / "lock").exists()
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3, 37])
+def test_fused_layer_steps_match_their_torch_form(rows):
+    from qwen_serve.backends.torch_cpu.layer_ops import LayerOps
+
+    torch.manual_seed(rows)
+    fused, plain = LayerOps(KERNELS), LayerOps(None)
+    hidden, delta, weight = torch.randn(rows, 96), torch.randn(rows, 96), torch.rand(96) + 0.5
+    torch.testing.assert_close(fused.rms_norm(hidden, weight, 1e-6), plain.rms_norm(hidden, weight, 1e-6))
+    expected_hidden, expected_norm = plain.add_rms_norm(hidden, delta, weight, 1e-6)
+    summed, normed = fused.add_rms_norm(hidden.clone(), delta, weight, 1e-6)
+    torch.testing.assert_close(summed, expected_hidden)
+    torch.testing.assert_close(normed, expected_norm)
+    angles = torch.rand(rows, 32) * 40
+    cos, sin = angles.cos(), angles.sin()
+    for head_weight in (torch.rand(32) + 0.5, None):
+        x = torch.randn(rows, 4, 32)
+        expected = plain.head_norm_rope(x.clone(), head_weight, 1e-6, cos, sin)
+        torch.testing.assert_close(fused.head_norm_rope(x, head_weight, 1e-6, cos, sin), expected)
+    gate, up = torch.randn(rows, 200) * 4, torch.randn(rows, 200)
+    torch.testing.assert_close(fused.silu_mul(gate, up), plain.silu_mul(gate, up))

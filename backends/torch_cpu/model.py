@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from qwen_serve.config import ModelConfig
 from qwen_serve.errors import ModelLoadError
@@ -17,20 +16,11 @@ from qwen_serve.protocols import KVCache, StepBatch
 from qwen_serve.quant.calibration import decoder_projections
 
 from .attention import CachedAttention
+from .layer_ops import LayerOps
 from .linear import DenseLinear
 from .native import load_kernels
 from .paged_decode import paged_decode_layout
 from .step_layout import StepLayout, build_layout
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 @dataclass
@@ -95,6 +85,7 @@ class DecoderModel:
         if weights:
             raise ModelLoadError(f"checkpoint has unexpected tensors, e.g. {sorted(weights)[:3]}")
         self.attention = CachedAttention(scale=c.head_dim ** -0.5)
+        self.ops = LayerOps(load_kernels())
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
 
     def projections(self):
@@ -117,12 +108,17 @@ class DecoderModel:
         token_ids = torch.as_tensor([t for c in batch.chunks for t in c.token_ids], dtype=torch.long)
         hidden = self.embed.lookup(token_ids)
         cos, sin = self._rope(step.positions)
+        ops, eps = self.ops, self.config.rms_norm_eps
+        x = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
         for index, layer in enumerate(self.layers):
-            hidden = hidden + self._attention_block(index, layer, rms_norm(hidden, layer.input_norm, self.config.rms_norm_eps), cos, sin, cache, step)
-            x = rms_norm(hidden, layer.post_norm, self.config.rms_norm_eps)
-            hidden = hidden + layer.down_proj(F.silu(layer.gate_proj(x)) * layer.up_proj(x))
-        last = rms_norm(hidden.index_select(0, step.sample_rows), self.norm, self.config.rms_norm_eps)
-        return self.lm_head(last)
+            hidden, x = ops.add_rms_norm(hidden, self._attention_block(index, layer, x, cos, sin, cache, step),
+                                         layer.post_norm, eps)
+            mlp = layer.down_proj(ops.silu_mul(layer.gate_proj(x), layer.up_proj(x)))
+            following = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else None
+            if following is not None:
+                hidden, x = ops.add_rms_norm(hidden, mlp, following, eps)
+        last = hidden.index_select(0, step.sample_rows) + mlp.index_select(0, step.sample_rows)
+        return self.lm_head(ops.rms_norm(last, self.norm, eps))
 
     def _attention_block(self, index: int, layer: Layer, x: torch.Tensor, cos, sin, cache: KVCache, step: StepLayout) -> torch.Tensor:
         c = self.config
@@ -130,15 +126,12 @@ class DecoderModel:
         q = layer.q_proj(x).view(T, c.num_heads, c.head_dim)
         k = layer.k_proj(x).view(T, c.num_kv_heads, c.head_dim)
         v = layer.v_proj(x).view(T, c.num_kv_heads, c.head_dim)
-        if layer.q_norm is not None:
-            q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
-            k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q = self.ops.head_norm_rope(q, layer.q_norm, c.rms_norm_eps, cos, sin)
+        k = self.ops.head_norm_rope(k, layer.k_norm, c.rms_norm_eps, cos, sin)
         out = self.attention(index, q, k, v, cache, step)
         return layer.o_proj(out.reshape(T, c.num_heads * c.head_dim))
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos()[:, None, :], emb.sin()[:, None, :]
+        return emb.cos(), emb.sin()

@@ -134,6 +134,64 @@ at::Tensor paged_decode_avx512(const at::Tensor& q, const at::Tensor& key_cache,
   return out;
 }
 
+void check_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() >= 1, name, " must be contiguous float32");
+}
+
+void check_weight(const at::Tensor& w, int64_t n) {
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.numel() == n, "the norm weight must be float32 [",
+              n, "]");
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_rows(x, "x");
+  const int64_t H = x.size(-1);
+  check_weight(weight, H);
+  at::Tensor y = at::empty_like(x);
+  qs::rms_norm(x.data_ptr<float>(), x.numel() / H, H, weight.data_ptr<float>(), static_cast<float>(eps),
+               y.data_ptr<float>());
+  return y;
+}
+
+at::Tensor add_rms_norm_(at::Tensor hidden, const at::Tensor& delta, const at::Tensor& weight, double eps) {
+  check_rows(hidden, "hidden");
+  check_rows(delta, "delta");
+  TORCH_CHECK(hidden.sizes() == delta.sizes(), "hidden and delta differ in shape");
+  const int64_t H = hidden.size(-1);
+  check_weight(weight, H);
+  at::Tensor y = at::empty_like(hidden);
+  qs::add_rms_norm(hidden.data_ptr<float>(), delta.data_ptr<float>(), hidden.numel() / H, H, weight.data_ptr<float>(),
+                   static_cast<float>(eps), y.data_ptr<float>());
+  return y;
+}
+
+void head_norm_rope_(at::Tensor x, const c10::optional<at::Tensor>& weight, double eps, const at::Tensor& cos,
+                     const at::Tensor& sin) {
+  check_rows(x, "x");
+  TORCH_CHECK(x.dim() == 3, "x must be [T, heads, D]");
+  const int64_t T = x.size(0), heads = x.size(1), D = x.size(2);
+  TORCH_CHECK(D % 2 == 0 && D <= 1024, "head size ", D, " must be even and at most 1024");
+  check_rows(cos, "cos");
+  check_rows(sin, "sin");
+  TORCH_CHECK(cos.numel() == T * D && sin.numel() == T * D, "cos and sin must be [T, D]");
+  const float* w = nullptr;
+  if (weight.has_value()) {
+    check_weight(*weight, D);
+    w = weight->data_ptr<float>();
+  }
+  qs::head_norm_rope(x.data_ptr<float>(), T, heads, D, w, static_cast<float>(eps), cos.data_ptr<float>(),
+                     sin.data_ptr<float>());
+}
+
+at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
+  check_rows(gate, "gate");
+  check_rows(up, "up");
+  TORCH_CHECK(gate.sizes() == up.sizes(), "gate and up differ in shape");
+  at::Tensor y = at::empty_like(gate);
+  qs::silu_mul(gate.data_ptr<float>(), up.data_ptr<float>(), gate.numel(), y.data_ptr<float>());
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(qwen_serve, m) {
@@ -145,4 +203,8 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("q8b_matmul_avx512", &q8b_matmul_avx512);
   m.def("paged_decode_avx512", &paged_decode_avx512);
   m.def("bf16b_matmul_avx512", &bf16b_matmul_avx512);
+  m.def("rms_norm", &rms_norm);
+  m.def("add_rms_norm_(Tensor(a!) hidden, Tensor delta, Tensor weight, float eps) -> Tensor", &add_rms_norm_);
+  m.def("head_norm_rope_(Tensor(a!) x, Tensor? weight, float eps, Tensor cos, Tensor sin) -> ()", &head_norm_rope_);
+  m.def("silu_mul", &silu_mul);
 }

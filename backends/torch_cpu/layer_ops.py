@@ -1,0 +1,61 @@
+"""The element-wise steps of a decoder layer: one fused C++ pass each (kernels/fused.cpp) where
+the kernels are built, the same arithmetic in torch ops elsewhere.
+
+At single-stream decode the torch form of these steps (five to fifteen small ops each: RMSNorm,
+the residual add, Qwen3's per-head q/k norm, the rotary embedding, SiLU * up) cost more in
+dispatch than in arithmetic; fused, they are four calls per layer.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .native import Kernels
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _fusable(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+
+
+class LayerOps:
+    def __init__(self, kernels: Kernels | None) -> None:
+        self.ops = None if kernels is None else kernels.ops
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if self.ops is not None and _fusable(x):
+            return self.ops.rms_norm(x, weight, eps)
+        return rms_norm(x, weight, eps)
+
+    def add_rms_norm(self, hidden: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden + delta, its RMSNorm); the fused pass adds into hidden in place."""
+        if self.ops is not None and _fusable(hidden, delta):
+            return hidden, self.ops.add_rms_norm_(hidden, delta, weight, eps)
+        hidden = hidden + delta
+        return hidden, rms_norm(hidden, weight, eps)
+
+    def head_norm_rope(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
+                       sin: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, D]: RMSNorm per head (when weight is given), then the rotary embedding at
+        the positions whose cos and sin are [T, D]."""
+        if self.ops is not None and _fusable(x, cos, sin):
+            self.ops.head_norm_rope_(x, weight, eps, cos, sin)
+            return x
+        if weight is not None:
+            x = rms_norm(x, weight, eps)
+        return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if self.ops is not None and _fusable(gate, up):
+            return self.ops.silu_mul(gate, up)
+        return F.silu(gate) * up

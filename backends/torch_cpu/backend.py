@@ -9,16 +9,14 @@ float table and 77.1% for an int4 one, which would save 65 MB more on Qwen3-0.6B
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
-from functools import lru_cache
 from typing import Mapping
 
 import numpy as np
 import torch
 
 from qwen_serve.config import ModelConfig
+from qwen_serve.engine.heap import return_free_heap
 from qwen_serve.errors import require_choice
 from qwen_serve.models.checkpoint import TABLE_NAMES, Checkpoint
 from qwen_serve.quant import int4
@@ -93,23 +91,11 @@ def _threads_from_env() -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
-@lru_cache(maxsize=1)
-def _libc():
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
-
-
 def _return_freed_heap() -> None:
     """Hand the float temporaries of the last quantized tensor back to the OS. Without this glibc
     keeps them: the small kept int4 arrays pin the heap between them, and quantizing Qwen3-0.6B
     left ~800 MiB of freed memory resident (1.5 GiB RSS for 385 MiB of weights)."""
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
+    return_free_heap()
 
 
 def _as_linear(weight, bias):

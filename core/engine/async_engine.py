@@ -22,11 +22,13 @@ from typing import AsyncGenerator, Callable, Sequence
 
 from ..errors import FatalEngineError
 from .engine import Engine, RequestOutput
+from .heap import return_free_heap
 from .sampling_params import SamplingParams
 from .sequence import Sequence as EngineSequence
 from .stats import EngineSnapshot, RequestObserver, RequestRecord, ThroughputWindow
 
 log = logging.getLogger("qwen_serve.engine")
+IDLE_TRIM_S = 1.0  # idle this long after work, the engine thread returns the freed heap to the OS
 
 
 class EngineFailure(Exception):
@@ -98,6 +100,8 @@ class AsyncEngine:
         self.throughput = ThroughputWindow(seconds=10.0)
         self.snapshot = EngineSnapshot.take(engine, self.throughput)
         self._thread = threading.Thread(target=self._run, name="qwen-serve-engine", daemon=True)
+        self._stepped_since_trim = False
+        self.trim_heap: Callable[[], object] = return_free_heap
 
     def start(self) -> None:
         self._thread.start()
@@ -170,10 +174,14 @@ class AsyncEngine:
                 self._expire_waiting()
                 if not self.engine.has_unfinished():
                     self.snapshot = EngineSnapshot.take(self.engine, self.throughput)
-                    self._wake.wait(timeout=1.0)
+                    woken = self._wake.wait(timeout=IDLE_TRIM_S)
                     self._wake.clear()
+                    if not woken and self._stepped_since_trim:  # idle a while after work (heap.py)
+                        self._stepped_since_trim = False
+                        self.trim_heap()
                     continue
                 self._step()
+                self._stepped_since_trim = True
         except BaseException as exc:  # FatalEngineError, or a failure outside a step
             log.critical("the engine thread died", exc_info=True)
             self._die(f"{type(exc).__name__}: {exc}")

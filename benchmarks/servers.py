@@ -18,6 +18,8 @@ from typing import Sequence
 from qwen_serve.conformance.server_process import free_port
 
 REPO = Path(__file__).resolve().parent.parent
+# Idle seconds after a load before a server's RSS is read (qwen-serve trims its heap after 1 s idle).
+RSS_SETTLE_S = 3.0
 
 
 @dataclass

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from servers import REPO, RunningServer, ServerCommand, combine_launches, git_revision, run_bench
+from servers import REPO, RSS_SETTLE_S, RunningServer, ServerCommand, combine_launches, git_revision, run_bench
 from setup_peers import Peers
 
 from qwen_serve.cache_dir import cache_dir
@@ -100,6 +100,7 @@ def measure(name: str, peers: Peers) -> Path:
                 path = run_bench(name, server.url, raw, f"{name}.{len(paths)}",
                                  [*COMMON, "--tokenizer", str(peers.checkpoint), *bench_args], note)
                 document = json.loads(path.read_text())
+                time.sleep(RSS_SETTLE_S)
                 document["endpoints"][0]["resident_mib_after"] = round(server.resident_mib(), 1)
                 path.write_text(json.dumps(document, indent=1) + "\n")
                 paths.append(path)
@@ -231,7 +232,7 @@ def markdown(doc: dict, torch_gb_s: float) -> str:
     lines.append(f"| TTFT of the 512-token prompt, int4 vs vllm-bf16 (lower is better) | {_num(prefill('qwen-int4', 'ttft_s'), 3)} s | "
                  f"{_num(prefill('vllm-bf16', 'ttft_s'), 3)} s | {_ratio(prefill('qwen-int4', 'ttft_s'), prefill('vllm-bf16', 'ttft_s'))} |")
     lines += ["", "Every server's figures (output tok/s at 1 / 8 / 16 streams; per-stream decode = 1 / median time per "
-              "output token at 1 stream; TTFT p50 of the 64-token prompt at 1 stream; resident memory after its run):", "",
+              "output token at 1 stream; TTFT p50 of the 64-token prompt at 1 stream; resident memory after its run, idle for 3 s):", "",
               "| server | c=1 | c=8 | c=16 | per-stream decode c=1 | TTFT c=1 | prefill 512 | TTFT 512 | RSS after |",
               "|---|---|---|---|---|---|---|---|---|"]
     for e in doc["endpoints"]:

@@ -114,9 +114,8 @@ class DecoderModel:
             hidden, x = ops.add_rms_norm(hidden, self._attention_block(index, layer, x, cos, sin, cache, step),
                                          layer.post_norm, eps)
             mlp = layer.down_proj(ops.silu_mul(layer.gate_proj(x), layer.up_proj(x)))
-            following = self.layers[index + 1].input_norm if index + 1 < len(self.layers) else None
-            if following is not None:
-                hidden, x = ops.add_rms_norm(hidden, mlp, following, eps)
+            if index + 1 < len(self.layers):  # the last layer's residual is added for the sampled rows only
+                hidden, x = ops.add_rms_norm(hidden, mlp, self.layers[index + 1].input_norm, eps)
         last = hidden.index_select(0, step.sample_rows) + mlp.index_select(0, step.sample_rows)
         return self.lm_head(ops.rms_norm(last, self.norm, eps))
 

@@ -53,17 +53,16 @@ void head_norm_rope(float* x, int64_t T, int64_t heads, int64_t D, const float* 
                     const float* sin) {
   const int64_t half = D / 2;
   at::parallel_for(0, T * heads, ROW_GRAIN * heads, [&](int64_t b, int64_t e) {
-    float rotated[1024];
     for (int64_t r = b; r < e; r++) {
       float* v = x + r * D;
       const float* c = cos + (r / heads) * D;
       const float* s = sin + (r / heads) * D;
       if (w != nullptr) scale_row(v, w, inverse_rms(v, D, eps), D, v);
-      for (int64_t i = 0; i < half; i++) {
-        rotated[i] = v[i] * c[i] - v[i + half] * s[i];
-        rotated[i + half] = v[i + half] * c[i + half] + v[i] * s[i + half];
+      for (int64_t i = 0; i < half; i++) {  // element i pairs with i + half only: in place
+        const float first = v[i], second = v[i + half];
+        v[i] = first * c[i] - second * s[i];
+        v[i + half] = second * c[i + half] + first * s[i + half];
       }
-      for (int64_t i = 0; i < D; i++) v[i] = rotated[i];
     }
   });
 }

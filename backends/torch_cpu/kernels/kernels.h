@@ -31,9 +31,7 @@ void paged_decode_avx512(const float* q, int64_t B, int64_t H, int64_t D, const 
 namespace qs {
 // bfloat16 weights [blocks, K/2, 16 rows, 2] times float32 x, float32 y (AVX512-BF16).
 void bf16b_matmul_avx512(const float* x, int64_t M, int64_t K, const uint16_t* codes, int64_t N, float* y);
-}  // namespace qs
 
-namespace qs {
 // Fused element-wise steps of a decoder layer (fused.cpp), float32, rows independent.
 void rms_norm(const float* x, int64_t T, int64_t H, const float* w, float eps, float* y);
 void add_rms_norm(float* hidden, const float* delta, int64_t T, int64_t H, const float* w, float eps, float* y);

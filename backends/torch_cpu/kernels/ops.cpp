@@ -170,7 +170,7 @@ void head_norm_rope_(at::Tensor x, const c10::optional<at::Tensor>& weight, doub
   check_rows(x, "x");
   TORCH_CHECK(x.dim() == 3, "x must be [T, heads, D]");
   const int64_t T = x.size(0), heads = x.size(1), D = x.size(2);
-  TORCH_CHECK(D % 2 == 0 && D <= 1024, "head size ", D, " must be even and at most 1024");
+  TORCH_CHECK(D % 2 == 0, "head size ", D, " must be even");
   check_rows(cos, "cos");
   check_rows(sin, "sin");
   TORCH_CHECK(cos.numel() == T * D && sin.numel() == T * D, "cos and sin must be [T, D]");

@@ -13,9 +13,9 @@ from qwen_serve.engine.heap import return_free_heap
 
 def test_the_heap_is_trimmed_once_per_idle_period_after_work(qwen3_tiny, monkeypatch):
     monkeypatch.setattr(async_engine, "IDLE_TRIM_S", 0.2)
-    engine = AsyncEngine(LLM(str(qwen3_tiny)).engine)
+    inner = LLM(str(qwen3_tiny)).engine
     trims: list[tuple[float, bool]] = []
-    engine.trim_heap = lambda: trims.append((time.monotonic(), engine.engine.has_unfinished()))
+    engine = AsyncEngine(inner, trim_heap=lambda: trims.append((time.monotonic(), inner.has_unfinished())))
     engine.start()
 
     async def one(request_id: str) -> float:

@@ -87,8 +87,9 @@ class _Tracked:
 
 class AsyncEngine:
     def __init__(self, engine: Engine, queue_timeout_s: float | None = None,
-                 observers: Sequence[RequestObserver] = ()) -> None:
+                 observers: Sequence[RequestObserver] = (), trim_heap: Callable[[], object] = return_free_heap) -> None:
         self.engine = engine
+        self.trim_heap = trim_heap  # run on the engine thread once it idles after work (heap.py)
         self.queue_timeout_s = queue_timeout_s
         self.observers = tuple(observers)
         self.dead_reason: str | None = None  # set once, by the dying engine thread
@@ -101,7 +102,6 @@ class AsyncEngine:
         self.snapshot = EngineSnapshot.take(engine, self.throughput)
         self._thread = threading.Thread(target=self._run, name="qwen-serve-engine", daemon=True)
         self._stepped_since_trim = False
-        self.trim_heap: Callable[[], object] = return_free_heap
 
     def start(self) -> None:
         self._thread.start()

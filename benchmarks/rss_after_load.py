@@ -20,12 +20,13 @@ from pathlib import Path
 
 from servers import REPO, RSS_SETTLE_S, RunningServer, ServerCommand, run_bench
 from setup_peers import Peers
-from side_by_side import COMMON, DECODE, PREFILL, THREADS, qwen
+from side_by_side import COMMON, DECODE, PER_SLOT_CONTEXT, PREFILL, llama, qwen
 
 from qwen_serve.bench.machine import describe_machine
 from qwen_serve.cache_dir import cache_dir
 
-CONTEXT_TOKENS = 16384
+SLOTS = 16  # llama.cpp's slots, each with PER_SLOT_CONTEXT tokens, as in the side-by-side's 16 streams
+CONTEXT_TOKENS = SLOTS * PER_SLOT_CONTEXT  # 16,384
 
 
 def servers(peers: Peers) -> list[ServerCommand]:
@@ -33,9 +34,7 @@ def servers(peers: Peers) -> list[ServerCommand]:
         ServerCommand("qwen-int4 (fp32 KV, 8,192 tokens)", qwen(peers, "--quant", "int4")),
         ServerCommand("qwen-int4 (bf16 KV, 16,384 tokens)", qwen(peers, "--quant", "int4", "--dtype", "bfloat16",
                                                                  "--kv-blocks", str(CONTEXT_TOKENS // 16))),
-        ServerCommand("llama-q4_0 (f16 KV, 16,384 tokens)", [
-            str(peers.llama_bin("llama-server")), "-m", str(peers.gguf_q4_0), "--host", "127.0.0.1", "--port", "{port}",
-            "-np", "16", "-c", str(CONTEXT_TOKENS), "-t", THREADS, "-tb", THREADS]),
+        ServerCommand("llama-q4_0 (f16 KV, 16,384 tokens)", llama(peers, peers.gguf_q4_0, SLOTS)),
     ]
 
 

@@ -232,7 +232,8 @@ def markdown(doc: dict, torch_gb_s: float) -> str:
     lines.append(f"| TTFT of the 512-token prompt, int4 vs vllm-bf16 (lower is better) | {_num(prefill('qwen-int4', 'ttft_s'), 3)} s | "
                  f"{_num(prefill('vllm-bf16', 'ttft_s'), 3)} s | {_ratio(prefill('qwen-int4', 'ttft_s'), prefill('vllm-bf16', 'ttft_s'))} |")
     lines += ["", "Every server's figures (output tok/s at 1 / 8 / 16 streams; per-stream decode = 1 / median time per "
-              "output token at 1 stream; TTFT p50 of the 64-token prompt at 1 stream; resident memory after its run, idle for 3 s):", "",
+              "output token at 1 stream; TTFT p50 of the 64-token prompt at 1 stream; "
+              f"resident memory after its run, idle for {RSS_SETTLE_S:.0f} s):", "",
               "| server | c=1 | c=8 | c=16 | per-stream decode c=1 | TTFT c=1 | prefill 512 | TTFT 512 | RSS after |",
               "|---|---|---|---|---|---|---|---|---|"]
     for e in doc["endpoints"]:

@@ -2,14 +2,18 @@
 kernels and layouts were chosen.
 
     python benchmarks/bench_linears.py
+    python benchmarks/bench_linears.py --merged   # q/k/v and gate/up apart against merged
 
 Four Qwen3-0.6B layers of distinct random weights (60M weights, so nothing stays in cache), at
 1, 8, 16, 64 and 512 rows of x: the int4 kernels in each instruction-set variant this CPU runs
 (AVX-512 with and without VNNI, AVX2; QWEN_SERVE_DISABLE_ISA takes some away), int4 prefill
 tiles, and float32 / bfloat16 through F.linear and through oneDNN with a prepacked weight.
+With --merged: the model's own layers (int4, bfloat16) with q/k/v and gate/up as separate
+projections against merged into one matmul each (merged_linear.py), measured in turns.
 """
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
@@ -18,6 +22,8 @@ import torch.nn.functional as F
 
 from qwen_serve.backends.torch_cpu import blocked_layout as blocked
 from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Scratch
+from qwen_serve.backends.torch_cpu.linear import DenseLinear
+from qwen_serve.backends.torch_cpu.merged_linear import MergedLinear
 from qwen_serve.backends.torch_cpu.native import Kernels, cpu_features, load_kernels
 from qwen_serve.quant import int4
 
@@ -37,10 +43,15 @@ def best_of(apply, weights, m: int, dtype=torch.float32, repeats: int = 3) -> fl
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--merged", action="store_true", help="only q/k/v and gate/up apart against merged")
+    args = parser.parse_args()
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     print(f"threads {torch.get_num_threads()}, CPU features used: "
           f"{sorted(f for f in cpu_features() if f.startswith(('avx', 'amx', 'fma')))}")
+    if args.merged:
+        return compare_merged(rng)
     print(f"{'ms per 4 Qwen3-0.6B layers (60M weights)':44s}" + "".join(f"{f'M={m}':>10s}" for m in ROWS))
 
     def row(name: str, cells: list[float | None]) -> None:
@@ -73,6 +84,50 @@ def main() -> None:
             pairs = [(blocked.block_pairs(w), w.shape[0]) for w in weights]
             row("bfloat16 blocked kernel (AVX512-BF16)", [best_of(
                 lambda x, w: native.ops.bf16b_matmul_avx512(x, w[0], w[1]), pairs, m) for m in ROWS])
+
+
+MERGED_ROWS = (1, 8, 16, 64)
+
+
+def compare_merged(rng: np.random.Generator, layers: int = 4, turns: int = 5) -> None:
+    """Per layer: 7 calls (q, k, v, o, gate, up, down) against 4 (qkv, o, gate_up, down), on the
+    same weights; best of ``turns`` alternating runs of each."""
+    groups = [(0, 1, 2), (3,), (4, 5), (6,)]  # indices into one layer's 7 SHAPES
+    for kind in ("int4", "bfloat16"):
+        def make(w: np.ndarray):
+            if kind == "int4":
+                return Int4Linear(int4.quantize(w))
+            return DenseLinear(torch.from_numpy(w).bfloat16())
+
+        apart, merged = [], []
+        for _ in range(layers):
+            weights = [rng.standard_normal(s, dtype=np.float32) * 0.05 for s in SHAPES[:7]]
+            parts = [make(w) for w in weights]
+            merged += [MergedLinear([str(i) for i in g], [parts[i] for i in g]) if len(g) > 1 else parts[g[0]]
+                       for g in groups]
+            apart += parts
+        for linear in apart + [getattr(m, "linear", m) for m in merged]:
+            if isinstance(linear, DenseLinear):
+                linear.prepack()
+        xs = {k: torch.randn(max(MERGED_ROWS), k) for k in (1024, 2048, 3072)}
+
+        def run(linears, m: int) -> float:
+            t = time.perf_counter()
+            for linear in linears:
+                linear(xs[getattr(linear, "linear", linear).in_features][:m])
+            return time.perf_counter() - t
+
+        print(f"{kind}, ms per {layers} layers" + "".join(f"{f'M={m}':>16s}" for m in MERGED_ROWS))
+        cells = []
+        for m in MERGED_ROWS:
+            best = {"apart": float("inf"), "merged": float("inf")}
+            for _ in range(turns):
+                best["apart"] = min(best["apart"], run(apart, m))
+                best["merged"] = min(best["merged"], run(merged, m))
+            cells.append(best)
+        for name in ("apart", "merged"):
+            print(f"  {name:22s}" + "".join(f"{c[name] * 1e3:16.2f}" for c in cells))
+        print(f"  {'apart / merged':22s}" + "".join(f"{c['apart'] / c['merged']:15.2f}x" for c in cells), flush=True)
 
 
 if __name__ == "__main__":

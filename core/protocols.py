@@ -287,7 +287,8 @@ class Calibratable(Protocol):
 
     def projections(self) -> Iterable[tuple[str, Any, str]]:
         """(checkpoint weight name, object holding the layer, attribute name) of every linear
-        layer that int4 quantizes."""
+        layer that int4 quantizes. Names may share one layer (projections merged into one
+        matmul read the same input): each gets that layer's input statistics."""
 
     def to_numpy(self, x: Any) -> Any:
         """A layer input as a numpy array."""

@@ -41,28 +41,30 @@ def _layer0_input(model, ids: list[int]) -> np.ndarray:
 def test_records_each_projections_mean_squared_input(qwen3_tiny):
     model = _float_model(qwen3_tiny)
     assert isinstance(model, Calibratable)
-    layers_before = [(layer, name, getattr(layer, name)) for layer in model.layers for name in PROJECTIONS]
+    layers_before = [(owner, attribute, getattr(owner, attribute)) for _, owner, attribute in model.projections()]
     ids = [5, 17, 300, 2, 9, 41, 7]
     x = torch.tensor(_layer0_input(model, ids))
-    importance = record_input_importance(model, lambda: [model.layers[0].q_proj(x), model.layers[0].q_proj(x[:3]),
+    importance = record_input_importance(model, lambda: [model.layers[0].qkv(x), model.layers[0].qkv(x[:3]),
                                                          model.layers[1].down_proj(torch.ones(2, 128))])
     expected = np.mean(np.concatenate([x.numpy(), x[:3].numpy()]) ** 2, axis=0)
-    assert sorted(importance) == [projection_weight_name(0, "q_proj"), projection_weight_name(1, "down_proj")]
-    assert np.allclose(importance[projection_weight_name(0, "q_proj")], expected, rtol=1e-5)
+    qkv = [projection_weight_name(0, name) for name in ("q_proj", "k_proj", "v_proj")]
+    assert sorted(importance) == sorted(qkv + [projection_weight_name(1, "down_proj")])
+    for name in qkv:  # one merged layer: its parts read the same input
+        assert np.allclose(importance[name], expected, rtol=1e-5)
     assert np.array_equal(importance[projection_weight_name(1, "down_proj")], np.ones(128, dtype=np.float32))
-    assert all(getattr(layer, name) is linear for layer, name, linear in layers_before)  # put back
+    assert all(getattr(owner, attribute) is linear for owner, attribute, linear in layers_before)  # put back
 
 
 def test_layers_are_put_back_when_the_run_fails(qwen3_tiny):
     model = _float_model(qwen3_tiny)
-    before = model.layers[1].up_proj
+    before = model.layers[1].gate_up.linear, model.layers[1].down_proj
 
     def failing_run():
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
         record_input_importance(model, failing_run)
-    assert model.layers[1].up_proj is before
+    assert (model.layers[1].gate_up.linear, model.layers[1].down_proj) == before
 
 
 def test_the_calibration_run_covers_every_projection_and_matches_layer0_by_hand(qwen3_tiny):
@@ -87,12 +89,13 @@ def test_int4_engines_quantize_with_the_measured_importance(qwen3_tiny):
                                     EngineConfig(kv_blocks=64))
     name = projection_weight_name(1, "gate_proj")
     weight = dict(checkpoint.tensors("numpy"))[name]
-    calibrated = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64).executor.layers[1].gate_proj
-    plain = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64, calibrate=False).executor.layers[1].gate_proj
+    calibrated = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64).executor.layers[1].gate_up.linear
+    plain = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64, calibrate=False).executor.layers[1].gate_up.linear
     assert isinstance(calibrated, Int4Linear)
+    rows = weight.shape[0]  # gate_proj's rows come first in the merged gate/up layer
     expected = int4.quantize(weight, importance[name])
-    assert np.array_equal(calibrated.dequantize().numpy(), int4.dequantize(expected))
-    assert np.array_equal(plain.dequantize().numpy(), int4.dequantize(int4.quantize(weight)))
+    assert np.array_equal(calibrated.dequantize()[:rows].numpy(), int4.dequantize(expected))
+    assert np.array_equal(plain.dequantize()[:rows].numpy(), int4.dequantize(int4.quantize(weight)))
     assert not np.array_equal(calibrated.dequantize().numpy(), plain.dequantize().numpy())
 
 
@@ -103,11 +106,11 @@ def test_a_short_max_seq_len_still_calibrates(qwen3_tiny):
     importance = measure_importance(TorchBackend(), checkpoint, "float32", load_registry().kv_cache_factory("paged"), config)
     assert len(importance) == checkpoint.config.num_layers * len(PROJECTIONS)
     parts = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64, max_seq_len=20)
-    assert isinstance(parts.executor.layers[0].q_proj, Int4Linear)
+    assert isinstance(parts.executor.layers[0].qkv.linear, Int4Linear)
     # with room for no token before the one generated, there is nothing to read: no calibration
     assert measure_importance(TorchBackend(), checkpoint, "float32", load_registry().kv_cache_factory("paged"),
                               EngineConfig(kv_blocks=64, max_seq_len=1)) is None
-    assert isinstance(build_engine(str(qwen3_tiny), quant="int4", max_seq_len=1).executor.layers[0].q_proj, Int4Linear)
+    assert isinstance(build_engine(str(qwen3_tiny), quant="int4", max_seq_len=1).executor.layers[0].qkv.linear, Int4Linear)
 
 
 class CountingTorchBackend(TorchBackend):
@@ -161,5 +164,5 @@ def test_non_finite_inputs_give_no_importance(qwen3_tiny):
     model = _float_model(qwen3_tiny)
     x = torch.ones(2, 64)
     x[0, 3] = float("inf")
-    importance = record_input_importance(model, lambda: [model.layers[0].q_proj(x), model.layers[0].k_proj(torch.ones(2, 64))])
-    assert sorted(importance) == [projection_weight_name(0, "k_proj")]
+    importance = record_input_importance(model, lambda: [model.layers[0].qkv(x), model.layers[0].down_proj(torch.ones(2, 128))])
+    assert sorted(importance) == [projection_weight_name(0, "down_proj")]

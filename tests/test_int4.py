@@ -207,12 +207,9 @@ from qwen_serve.backends.torch_cpu.linear import DenseLinear  # noqa: E402
 from qwen_serve.errors import ModelLoadError  # noqa: E402
 from qwen_serve.models.checkpoint import load_checkpoint  # noqa: E402
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
 def test_int4_load_quantizes_projections_and_keeps_one_int8_table(qwen3_tiny):
     model = TorchBackend().load_model(load_checkpoint(qwen3_tiny), "float32", "int4")
-    assert all(isinstance(getattr(layer, n), Int4Linear) for layer in model.layers for n in PROJECTIONS)
+    assert all(isinstance(linear, Int4Linear) for layer in model.layers for linear in layer.linears())
     assert isinstance(model.embed, Int8Linear) and model.lm_head is model.embed  # tied: one table
     # By hand for the tiny geometry (hidden 64, 4 q / 2 kv heads of 16, intermediate 128, 2 layers):
     # 36,864 projection weights per layer at 0.5625 B (4 bits + fp16 scale and zero per 64),
@@ -225,7 +222,7 @@ def test_int4_load_quantizes_projections_and_keeps_one_int8_table(qwen3_tiny):
 def test_widths_that_are_not_whole_groups_stay_float(qwen3_untied):
     model = TorchBackend().load_model(load_checkpoint(qwen3_untied), "float32", "int4")
     layer = model.layers[0]
-    assert isinstance(layer.q_proj, DenseLinear)  # input width 96
+    assert isinstance(layer.qkv.linear, DenseLinear)  # input width 96
     assert isinstance(layer.down_proj, Int4Linear)  # input width 192 = 3 groups
     assert isinstance(model.lm_head, Int8Linear) and model.lm_head is not model.embed
 
@@ -253,7 +250,7 @@ def test_int4_model_equals_transformers_on_the_dequantized_weights(qwen3_tiny):
     llm = LLM(str(qwen3_tiny), quant="int4", calibrate=False)  # the quantization above: no importance
     # Prefill tiles in float32, as on CPUs without native bf16: bf16 tiles round products to 8
     # bits (~0.04 on this random model's logprobs); their effect on quality is check 6's to judge.
-    scratch = llm.parts.executor.layers[0].q_proj.scratch  # shared by every layer of the model
+    scratch = llm.parts.executor.layers[0].qkv.linear.scratch  # shared by every layer of the model
     scratch.gemm_dtype, scratch.kernel_rows = torch.float32, KERNEL_ROWS[torch.float32]
     prompts = [llm.tokenizer.encode(t) for t in ("Hello, world!", "The quick brown fox", "1 2 3 4 5")]
     outs = llm.generate(prompts, SamplingParams(max_tokens=1, logprobs=5))

@@ -238,5 +238,17 @@ def test_fused_layer_steps_match_their_torch_form(rows):
         x = torch.randn(rows, 4, 32)
         expected = plain.head_norm_rope(x.clone(), head_weight, 1e-6, cos, sin)
         torch.testing.assert_close(fused.head_norm_rope(x, head_weight, 1e-6, cos, sin), expected)
+        # The k columns of a merged q/k/v output: rows at a stride, the other columns untouched.
+        merged = torch.randn(rows, 7 * 32)
+        before = merged.clone()
+        k = merged[:, 4 * 32:6 * 32].view(rows, 2, 32)
+        expected = plain.head_norm_rope(k.clone(), head_weight, 1e-6, cos, sin)
+        torch.testing.assert_close(fused.head_norm_rope(k, head_weight, 1e-6, cos, sin), expected)
+        torch.testing.assert_close(merged[:, :4 * 32], before[:, :4 * 32], rtol=0, atol=0)
+        torch.testing.assert_close(merged[:, 6 * 32:], before[:, 6 * 32:], rtol=0, atol=0)
     gate, up = torch.randn(rows, 200) * 4, torch.randn(rows, 200)
     torch.testing.assert_close(fused.silu_mul(gate, up), plain.silu_mul(gate, up))
+    for width in (200, 3000):  # 3000: the threads split rows midway
+        gate_up = torch.randn(rows, 2 * width) * 4  # the halves of a merged gate/up output
+        gate, up = gate_up[:, :width], gate_up[:, width:]
+        torch.testing.assert_close(fused.silu_mul(gate, up), F.silu(gate) * up)

@@ -39,6 +39,19 @@ def block_int4(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return blocked, per_block(weight.scale), per_block(weight.zero)
 
 
+def unblock_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, rows: int) -> Int4Weight:
+    """The inverse of block_int4: the canonical weight of its first ``rows`` rows."""
+    blocks, groups = codes.shape[0], codes.shape[1]
+    paired = codes.permute(0, 3, 1, 2, 4)  # [block, row, group, chunk, 2]
+    quads = torch.cat((paired & 0x0F, paired >> 4), dim=-1).reshape(blocks * BLOCK, -1)[:rows]
+    packed = quads[:, 0::2] | (quads[:, 1::2] << 4)  # low nibble first
+
+    def per_row(t: torch.Tensor):
+        return t.transpose(1, 2).reshape(blocks * BLOCK, groups)[:rows].contiguous().numpy()
+
+    return Int4Weight(packed.contiguous().numpy(), per_row(scale), per_row(zero))
+
+
 def int4_rows(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Rows ``ids`` of a blocked int4 weight as float32 [len(ids), K]."""
     block, lane = ids // BLOCK, ids % BLOCK

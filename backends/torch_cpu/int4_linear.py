@@ -12,12 +12,14 @@ the kernels the tile path runs for every call (slow but correct).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from qwen_serve.quant.int4 import GROUP, Int4Weight, can_quantize
 
 from . import blocked_layout as blocked
+from .merged_linear import stacked_bias
 from .native import Kernels, cpu_features, has_fast_bf16_matmul, load_kernels
 from .row_buckets import pad_rows
 
@@ -123,6 +125,18 @@ class Int4Linear(_QuantizedLinear):
         else:  # shares memory with the canonical arrays
             self.codes = torch.from_numpy(weight.packed)
             self.scale, self.zero = torch.from_numpy(weight.scale), torch.from_numpy(weight.zero)
+
+    @classmethod
+    def stacked(cls, parts: list["Int4Linear"]) -> "Int4Linear":
+        """One layer computing every part's output side by side (merged_linear.py): the same codes."""
+        weights = [part.canonical() for part in parts]
+        merged = Int4Weight(*(np.concatenate([getattr(w, f) for w in weights]) for f in ("packed", "scale", "zero")))
+        return cls(merged, stacked_bias(parts), scratch=parts[0].scratch, kernels=parts[0].kernels)
+
+    def canonical(self) -> Int4Weight:
+        if self.blocked:
+            return blocked.unblock_int4(self.codes, self.scale, self.zero, self.out_features)
+        return Int4Weight(self.codes.numpy(), self.scale.numpy(), self.zero.numpy())
 
     def _kernel_matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.blocked:

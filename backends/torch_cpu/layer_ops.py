@@ -27,6 +27,11 @@ def _fusable(*tensors: torch.Tensor) -> bool:
     return all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
 
 
+def _fusable_rows(*tensors: torch.Tensor) -> bool:
+    """Rows at any stride, each contiguous: the column slices of a merged projection's output."""
+    return all(t.dtype == torch.float32 and t.dim() >= 2 and t[0].is_contiguous() for t in tensors)
+
+
 class LayerOps:
     def __init__(self, kernels: Kernels | None) -> None:
         self.ops = None if kernels is None else kernels.ops
@@ -47,8 +52,8 @@ class LayerOps:
     def head_norm_rope(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
                        sin: torch.Tensor) -> torch.Tensor:
         """x [T, heads, D]: RMSNorm per head (when weight is given), then the rotary embedding at
-        the positions whose cos and sin are [T, D]."""
-        if self.ops is not None and _fusable(x, cos, sin):
+        the positions whose cos and sin are [T, D]. x may be a column slice (rows at a stride)."""
+        if self.ops is not None and _fusable_rows(x) and _fusable(cos, sin):
             self.ops.head_norm_rope_(x, weight, eps, cos, sin)
             return x
         if weight is not None:
@@ -56,6 +61,7 @@ class LayerOps:
         return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        if self.ops is not None and _fusable(gate, up):
+        """gate, up [T, n], each may be a column slice (the halves of a merged gate/up output)."""
+        if self.ops is not None and gate.dim() == 2 and _fusable_rows(gate, up):
             return self.ops.silu_mul(gate, up)
         return F.silu(gate) * up

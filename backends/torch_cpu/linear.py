@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from . import blocked_layout as blocked
+from .merged_linear import stacked_bias
 from .native import Kernels, cpu_features, has_fast_bf16_matmul
 from .row_buckets import pad_rows
 
@@ -34,6 +35,13 @@ class DenseLinear:
         self.bias = None if bias is None else bias.float()
         self.out_features, self.in_features = weight.shape
         self.dtype = compute_dtype(weight.dtype)
+
+    @classmethod
+    def stacked(cls, parts: list["DenseLinear"]) -> "DenseLinear":
+        """One layer computing every part's output side by side (merged_linear.py); before prepack()."""
+        if any(part.weight is None for part in parts):
+            raise ValueError("stack float layers before prepack() or as_head()")
+        return cls(torch.cat([part.weight for part in parts]), stacked_bias(parts))
 
     def prepack(self) -> None:
         """Reorder the weight for oneDNN and drop the plain one (so lookup() no longer works:

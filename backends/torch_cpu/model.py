@@ -11,31 +11,35 @@ import torch
 
 from qwen_serve.config import ModelConfig
 from qwen_serve.errors import ModelLoadError
-from qwen_serve.models.checkpoint import PROJECTIONS
+from qwen_serve.models.checkpoint import projection_weight_name
 from qwen_serve.protocols import KVCache, StepBatch
-from qwen_serve.quant.calibration import decoder_projections
 
 from .attention import CachedAttention
 from .layer_ops import LayerOps
 from .linear import DenseLinear
+from .merged_linear import MergedLinear
 from .native import load_kernels
 from .paged_decode import paged_decode_layout
 from .step_layout import StepLayout, build_layout
 
 
+QKV = ("q_proj", "k_proj", "v_proj")
+GATE_UP = ("gate_proj", "up_proj")
+
+
 @dataclass
 class Layer:
     input_norm: torch.Tensor
-    q_proj: DenseLinear
-    k_proj: DenseLinear
-    v_proj: DenseLinear
+    qkv: MergedLinear  # q_proj, k_proj, v_proj
     o_proj: DenseLinear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_proj: DenseLinear
-    up_proj: DenseLinear
+    gate_up: MergedLinear  # gate_proj, up_proj
     down_proj: DenseLinear
+
+    def linears(self) -> list:
+        return [self.qkv.linear, self.o_proj, self.gate_up.linear, self.down_proj]
 
 
 class DecoderModel:
@@ -53,6 +57,9 @@ class DecoderModel:
         def linear(prefix: str):
             return make_linear(take(f"{prefix}.weight"), weights.pop(f"{prefix}.bias", None))
 
+        def merged(prefix: str, names: tuple[str, ...]) -> MergedLinear:
+            return MergedLinear(names, [linear(f"{prefix}.{name}") for name in names])
+
         # The embedding is a linear-like table (lookup() gives rows): float, or quantized by the
         # backend while loading; a tied lm_head is the very same object.
         self.embed = make_linear(take("model.embed_tokens.weight"), None)
@@ -61,15 +68,12 @@ class DecoderModel:
             p = f"model.layers.{i}"
             self.layers.append(Layer(
                 input_norm=take(f"{p}.input_layernorm.weight").float(),
-                q_proj=linear(f"{p}.self_attn.q_proj"),
-                k_proj=linear(f"{p}.self_attn.k_proj"),
-                v_proj=linear(f"{p}.self_attn.v_proj"),
+                qkv=merged(f"{p}.self_attn", QKV),
                 o_proj=linear(f"{p}.self_attn.o_proj"),
                 q_norm=take(f"{p}.self_attn.q_norm.weight").float() if c.qk_norm else None,
                 k_norm=take(f"{p}.self_attn.k_norm.weight").float() if c.qk_norm else None,
                 post_norm=take(f"{p}.post_attention_layernorm.weight").float(),
-                gate_proj=linear(f"{p}.mlp.gate_proj"),
-                up_proj=linear(f"{p}.mlp.up_proj"),
+                gate_up=merged(f"{p}.mlp", GATE_UP),
                 down_proj=linear(f"{p}.mlp.down_proj"),
             ))
         self.norm = take("model.norm.weight").float()
@@ -77,7 +81,7 @@ class DecoderModel:
         if head is None and not c.tie_word_embeddings:
             raise ModelLoadError("checkpoint lacks lm_head.weight and does not tie embeddings")
         self.lm_head = self.embed if head is None else make_linear(head, None)
-        for linear in [getattr(layer, n) for layer in self.layers for n in PROJECTIONS]:
+        for linear in [linear for layer in self.layers for linear in layer.linears()]:
             if isinstance(linear, DenseLinear):
                 linear.prepack()
         if isinstance(self.lm_head, DenseLinear):
@@ -89,14 +93,19 @@ class DecoderModel:
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
 
     def projections(self):
-        return decoder_projections(self.layers)
+        """Calibratable.projections: a merged layer's parts share its input, so each part's name
+        watches the merged layer (a watcher calls on to the next)."""
+        for i, layer in enumerate(self.layers):
+            for owner, names in ((layer.qkv, QKV), (layer, ("o_proj",)), (layer.gate_up, GATE_UP), (layer, ("down_proj",))):
+                for name in names:
+                    yield projection_weight_name(i, name), owner, name if owner is layer else "linear"
 
     @staticmethod
     def to_numpy(x: torch.Tensor):
         return x.detach().float().numpy()
 
     def weight_bytes(self) -> int:
-        linears = [self.embed, self.lm_head] + [getattr(l, n) for l in self.layers for n in PROJECTIONS]
+        linears = [self.embed, self.lm_head] + [linear for layer in self.layers for linear in layer.linears()]
         total = sum(lin.nbytes() for lin in {id(lin): lin for lin in linears}.values())  # a tied head counts once
         norms = [self.norm] + [t for l in self.layers for t in (l.input_norm, l.post_norm, l.q_norm, l.k_norm) if t is not None]
         return total + sum(t.numel() * t.element_size() for t in norms)
@@ -113,7 +122,7 @@ class DecoderModel:
         for index, layer in enumerate(self.layers):
             hidden, x = ops.add_rms_norm(hidden, self._attention_block(index, layer, x, cos, sin, cache, step),
                                          layer.post_norm, eps)
-            mlp = layer.down_proj(ops.silu_mul(layer.gate_proj(x), layer.up_proj(x)))
+            mlp = layer.down_proj(ops.silu_mul(*layer.gate_up(x)))
             if index + 1 < len(self.layers):  # the last layer's residual is added for the sampled rows only
                 hidden, x = ops.add_rms_norm(hidden, mlp, self.layers[index + 1].input_norm, eps)
         last = hidden.index_select(0, step.sample_rows) + mlp.index_select(0, step.sample_rows)
@@ -122,9 +131,10 @@ class DecoderModel:
     def _attention_block(self, index: int, layer: Layer, x: torch.Tensor, cos, sin, cache: KVCache, step: StepLayout) -> torch.Tensor:
         c = self.config
         T = x.shape[0]
-        q = layer.q_proj(x).view(T, c.num_heads, c.head_dim)
-        k = layer.k_proj(x).view(T, c.num_kv_heads, c.head_dim)
-        v = layer.v_proj(x).view(T, c.num_kv_heads, c.head_dim)
+        q, k, v = layer.qkv(x)  # column slices of one output
+        q = q.view(T, c.num_heads, c.head_dim)
+        k = k.view(T, c.num_kv_heads, c.head_dim)
+        v = v.view(T, c.num_kv_heads, c.head_dim)
         q = self.ops.head_norm_rope(q, layer.q_norm, c.rms_norm_eps, cos, sin)
         k = self.ops.head_norm_rope(k, layer.k_norm, c.rms_norm_eps, cos, sin)
         out = self.attention(index, q, k, v, cache, step)

@@ -5,6 +5,7 @@
 // a row's result does not depend on how many rows the step has.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -47,14 +48,15 @@ void add_rms_norm(float* hidden, const float* delta, int64_t T, int64_t H, const
   });
 }
 
-// x [T, heads, D] in place: RMSNorm over each head (when w is not null), then
+// x [T, heads, D] in place, token t's heads starting at x + t * row_stride (x may be the q, k or v
+// columns of a merged projection's output): RMSNorm over each head (when w is not null), then
 // x * cos + rotate_half(x) * sin with cos, sin [T, D].
-void head_norm_rope(float* x, int64_t T, int64_t heads, int64_t D, const float* w, float eps, const float* cos,
-                    const float* sin) {
+void head_norm_rope(float* x, int64_t T, int64_t row_stride, int64_t heads, int64_t D, const float* w, float eps,
+                    const float* cos, const float* sin) {
   const int64_t half = D / 2;
   at::parallel_for(0, T * heads, ROW_GRAIN * heads, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; r++) {
-      float* v = x + r * D;
+      float* v = x + (r / heads) * row_stride + (r % heads) * D;
       const float* c = cos + (r / heads) * D;
       const float* s = sin + (r / heads) * D;
       if (w != nullptr) scale_row(v, w, inverse_rms(v, D, eps), D, v);
@@ -67,10 +69,18 @@ void head_norm_rope(float* x, int64_t T, int64_t heads, int64_t D, const float* 
   });
 }
 
-void silu_mul(const float* gate, const float* up, int64_t n, float* y) {
-  at::parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
+// gate and up [T, n] at row strides of their own (the halves of a merged gate/up output), y [T, n].
+void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, int64_t gate_stride, int64_t up_stride,
+              float* y) {
+  at::parallel_for(0, T * n, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t t = b / n; t * n < e; t++) {
+      const int64_t from = std::max(b, t * n) - t * n, to = std::min(e, (t + 1) * n) - t * n;
+      const float* g = gate + t * gate_stride;
+      const float* u = up + t * up_stride;
+      float* out = y + t * n;
 #pragma omp simd
-    for (int64_t i = b; i < e; i++) y[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+      for (int64_t i = from; i < to; i++) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    }
   });
 }
 

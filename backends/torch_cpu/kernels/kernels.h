@@ -32,10 +32,12 @@ namespace qs {
 // bfloat16 weights [blocks, K/2, 16 rows, 2] times float32 x, float32 y (AVX512-BF16).
 void bf16b_matmul_avx512(const float* x, int64_t M, int64_t K, const uint16_t* codes, int64_t N, float* y);
 
-// Fused element-wise steps of a decoder layer (fused.cpp), float32, rows independent.
+// Fused element-wise steps of a decoder layer (fused.cpp), float32, rows independent; head_norm_rope
+// and silu_mul take rows at a stride (the column slices of a merged projection's output).
 void rms_norm(const float* x, int64_t T, int64_t H, const float* w, float eps, float* y);
 void add_rms_norm(float* hidden, const float* delta, int64_t T, int64_t H, const float* w, float eps, float* y);
-void head_norm_rope(float* x, int64_t T, int64_t heads, int64_t D, const float* w, float eps, const float* cos,
-                    const float* sin);
-void silu_mul(const float* gate, const float* up, int64_t n, float* y);
+void head_norm_rope(float* x, int64_t T, int64_t row_stride, int64_t heads, int64_t D, const float* w, float eps,
+                    const float* cos, const float* sin);
+void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, int64_t gate_stride, int64_t up_stride,
+              float* y);
 }  // namespace qs

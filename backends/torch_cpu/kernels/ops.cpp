@@ -138,6 +138,12 @@ void check_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() >= 1, name, " must be contiguous float32");
 }
 
+// Rows at any stride, each row's elements contiguous: a column slice of a [T, n] matrix.
+void check_strided_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1 && (x.dim() == 1 || x[0].is_contiguous()), name,
+              " must be float32 rows, each contiguous");
+}
+
 void check_weight(const at::Tensor& w, int64_t n) {
   TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.numel() == n, "the norm weight must be float32 [",
               n, "]");
@@ -167,7 +173,7 @@ at::Tensor add_rms_norm_(at::Tensor hidden, const at::Tensor& delta, const at::T
 
 void head_norm_rope_(at::Tensor x, const c10::optional<at::Tensor>& weight, double eps, const at::Tensor& cos,
                      const at::Tensor& sin) {
-  check_rows(x, "x");
+  check_strided_rows(x, "x");
   TORCH_CHECK(x.dim() == 3, "x must be [T, heads, D]");
   const int64_t T = x.size(0), heads = x.size(1), D = x.size(2);
   TORCH_CHECK(D % 2 == 0, "head size ", D, " must be even");
@@ -179,16 +185,17 @@ void head_norm_rope_(at::Tensor x, const c10::optional<at::Tensor>& weight, doub
     check_weight(*weight, D);
     w = weight->data_ptr<float>();
   }
-  qs::head_norm_rope(x.data_ptr<float>(), T, heads, D, w, static_cast<float>(eps), cos.data_ptr<float>(),
+  qs::head_norm_rope(x.data_ptr<float>(), T, x.stride(0), heads, D, w, static_cast<float>(eps), cos.data_ptr<float>(),
                      sin.data_ptr<float>());
 }
 
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
-  check_rows(gate, "gate");
-  check_rows(up, "up");
-  TORCH_CHECK(gate.sizes() == up.sizes(), "gate and up differ in shape");
-  at::Tensor y = at::empty_like(gate);
-  qs::silu_mul(gate.data_ptr<float>(), up.data_ptr<float>(), gate.numel(), y.data_ptr<float>());
+  check_strided_rows(gate, "gate");
+  check_strided_rows(up, "up");
+  TORCH_CHECK(gate.dim() == 2 && gate.sizes() == up.sizes(), "gate and up must be [T, n] alike");
+  at::Tensor y = at::empty(gate.sizes(), gate.options());
+  qs::silu_mul(gate.data_ptr<float>(), up.data_ptr<float>(), gate.size(0), gate.size(1), gate.stride(0), up.stride(0),
+               y.data_ptr<float>());
   return y;
 }
 

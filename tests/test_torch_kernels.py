@@ -157,7 +157,7 @@ def _gathered_reference(q, storage, layer, tables, lengths):
 
 @needs_avx512
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (16, 8, 128), (3, 3, 32)])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (16, 8, 128), (3, 3, 32), (9, 3, 64), (8, 2, 208)])
 def test_paged_decode_matches_the_gathered_reference(dtype, heads, kv_heads, head_dim):
     gen = torch.Generator().manual_seed(heads * head_dim)
     bs, blocks = 16, 40

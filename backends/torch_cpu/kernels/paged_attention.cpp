@@ -59,32 +59,96 @@ void softmax_in_place(float* s, int64_t len) {
   }
 }
 
+// Calls visit(t, slot) for tokens 0..len-1 of a sequence, block by block through its table.
+template <typename Visit>
+QS_INLINE void for_each_slot(const int64_t* table, int64_t len, int64_t block_size, Visit&& visit) {
+  for (int64_t t0 = 0, block = 0; t0 < len; t0 += block_size, block++) {
+    const int64_t base = table[block] * block_size, n = len - t0 < block_size ? len - t0 : block_size;
+    for (int64_t i = 0; i < n; i++) visit(t0 + i, base + i);
+  }
+}
+
+// Scores of NT tokens (their key rows k[0..NT)) for one query head: NT independent FMA chains
+// (one chain per token would wait on the FMA latency at every step).
+template <typename KV, int NT>
+QS_INLINE void score_tokens(const float* q, int64_t D, const KV* const* k, float scale, float* s) {
+  __m512 dot[NT];
+  for (int i = 0; i < NT; i++) dot[i] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 16) {
+    const __m512 qd = _mm512_loadu_ps(q + d);
+    for (int i = 0; i < NT; i++) dot[i] = _mm512_fmadd_ps(qd, load16(k[i] + d), dot[i]);
+  }
+  for (int i = 0; i < NT; i++) s[i] = _mm512_reduce_add_ps(dot[i]) * scale;
+}
+
+// out[h][d0 .. d0 + 16 DV) = sum_t p[h][t] v_t for NH heads, the sums held in registers for the
+// whole history (NH * DV accumulators, each value vector loaded once for all NH heads).
+template <typename KV, int NH, int DV>
+QS_INLINE void weigh_values(const float* p, int64_t len, const KV* values, int64_t stride, const int64_t* table,
+                            int64_t block_size, int64_t d0, float* out, int64_t D) {
+  __m512 acc[NH][DV];
+  for (int h = 0; h < NH; h++)
+    for (int j = 0; j < DV; j++) acc[h][j] = _mm512_setzero_ps();
+  for_each_slot(table, len, block_size, [&](int64_t t, int64_t slot) {
+    const KV* v = values + slot * stride + d0;
+    __m512 val[DV];
+    for (int j = 0; j < DV; j++) val[j] = load16(v + 16 * j);
+    for (int h = 0; h < NH; h++) {
+      const __m512 weight = _mm512_set1_ps(p[h * len + t]);
+      for (int j = 0; j < DV; j++) acc[h][j] = _mm512_fmadd_ps(weight, val[j], acc[h][j]);
+    }
+  });
+  for (int h = 0; h < NH; h++)
+    for (int j = 0; j < DV; j++) _mm512_storeu_ps(out + h * D + d0 + 16 * j, acc[h][j]);
+}
+
+template <typename KV, int NH>
+void weigh_columns(const float* p, int64_t len, const KV* values, int64_t stride, const int64_t* table,
+                   int64_t block_size, float* out, int64_t D) {
+  for (int64_t d0 = 0; d0 < D; d0 += 128) {  // up to 8 vectors of columns at a time
+    switch ((D - d0 < 128 ? D - d0 : 128) / 16) {
+      case 1: weigh_values<KV, NH, 1>(p, len, values, stride, table, block_size, d0, out, D); break;
+      case 2: weigh_values<KV, NH, 2>(p, len, values, stride, table, block_size, d0, out, D); break;
+      case 3: weigh_values<KV, NH, 3>(p, len, values, stride, table, block_size, d0, out, D); break;
+      case 4: weigh_values<KV, NH, 4>(p, len, values, stride, table, block_size, d0, out, D); break;
+      case 5: weigh_values<KV, NH, 5>(p, len, values, stride, table, block_size, d0, out, D); break;
+      case 6: weigh_values<KV, NH, 6>(p, len, values, stride, table, block_size, d0, out, D); break;
+      case 7: weigh_values<KV, NH, 7>(p, len, values, stride, table, block_size, d0, out, D); break;
+      default: weigh_values<KV, NH, 8>(p, len, values, stride, table, block_size, d0, out, D); break;
+    }
+  }
+}
+
+constexpr int SCORE_TOKENS = 8;
+
 // The G query heads that share one kv head, over one sequence: q and out are [G, D]; keys and
-// values point at this kv head's first element in slot 0, rows of `stride` elements.
+// values point at this kv head's first element in slot 0, rows of `stride` elements; scores is
+// room for [G, len].
 template <typename KV>
 void attend(const float* q, int64_t G, int64_t D, const KV* keys, const KV* values, int64_t stride,
-            const int64_t* table, int64_t len, int64_t block_size, float scale, float* out) {
-  std::vector<float> scores(G * len), acc(G * D, 0.0f);
-  for (int64_t t = 0; t < len; t++) {
-    const KV* k = keys + (table[t / block_size] * block_size + t % block_size) * stride;
+            const int64_t* table, int64_t len, int64_t block_size, float scale, float* out, float* scores) {
+  const KV* rows[SCORE_TOKENS];
+  int64_t first = 0, filled = 0;
+  auto flush = [&]() {
     for (int64_t h = 0; h < G; h++) {
-      __m512 dot = _mm512_setzero_ps();
-      for (int64_t d = 0; d < D; d += 16) dot = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * D + d), load16(k + d), dot);
-      scores[h * len + t] = _mm512_reduce_add_ps(dot) * scale;
+      float* s = scores + h * len + first;
+      if (filled == SCORE_TOKENS) score_tokens<KV, SCORE_TOKENS>(q + h * D, D, rows, scale, s);
+      else
+        for (int64_t i = 0; i < filled; i++) score_tokens<KV, 1>(q + h * D, D, rows + i, scale, s + i);
     }
+    first += filled;
+    filled = 0;
+  };
+  for_each_slot(table, len, block_size, [&](int64_t, int64_t slot) {
+    rows[filled++] = keys + slot * stride;
+    if (filled == SCORE_TOKENS) flush();
+  });
+  flush();
+  for (int64_t h = 0; h < G; h++) softmax_in_place(scores + h * len, len);
+  for (int64_t h = 0; h < G; h += 2) {  // two heads per pass over the values
+    if (G - h >= 2) weigh_columns<KV, 2>(scores + h * len, len, values, stride, table, block_size, out + h * D, D);
+    else weigh_columns<KV, 1>(scores + h * len, len, values, stride, table, block_size, out + h * D, D);
   }
-  for (int64_t h = 0; h < G; h++) softmax_in_place(scores.data() + h * len, len);
-  for (int64_t t = 0; t < len; t++) {
-    const KV* v = values + (table[t / block_size] * block_size + t % block_size) * stride;
-    for (int64_t d = 0; d < D; d += 16) {
-      const __m512 val = load16(v + d);
-      for (int64_t h = 0; h < G; h++) {
-        float* a = acc.data() + h * D + d;
-        _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_set1_ps(scores[h * len + t]), val, _mm512_loadu_ps(a)));
-      }
-    }
-  }
-  for (int64_t i = 0; i < G * D; i++) out[i] = acc[i];
 }
 
 template <typename KV>
@@ -92,10 +156,12 @@ void decode_tasks(const float* q, int64_t H, int64_t D, const KV* key_cache, con
                   const int64_t* block_tables, int64_t max_blocks, const int64_t* lengths, int64_t block_size,
                   float scale, float* out, int64_t task_begin, int64_t task_end) {
   const int64_t G = H / Hkv;
+  std::vector<float> scores;
   for (int64_t task = task_begin; task < task_end; task++) {
     const int64_t b = task / Hkv, kvh = task % Hkv, head = b * H + kvh * G;
+    scores.resize(G * lengths[b]);
     attend<KV>(q + head * D, G, D, key_cache + kvh * D, value_cache + kvh * D, Hkv * D, block_tables + b * max_blocks,
-               lengths[b], block_size, scale, out + head * D);
+               lengths[b], block_size, scale, out + head * D, scores.data());
   }
 }
 

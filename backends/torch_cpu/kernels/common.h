@@ -6,6 +6,8 @@
 // library loads on any x86-64 CPU.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -25,6 +27,20 @@ struct Activations {
   std::vector<float> scale;  // [M, K / 64]
   std::vector<float> sum;  // [M, K / 64]
 };
+
+// One group of 64 activations as 4 vectors; returns its largest magnitude, its sum into *sum
+// (what every int16 / int8 activation quantizer starts from).
+QS_AVX512 inline float load_group_avx512(const float* xg, __m512 v[4], float* sum) {
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  __m512 amax = _mm512_setzero_ps(), total = _mm512_setzero_ps();
+  for (int j = 0; j < 4; j++) {
+    v[j] = _mm512_loadu_ps(xg + 16 * j);
+    amax = _mm512_max_ps(amax, _mm512_andnot_ps(sign, v[j]));
+    total = _mm512_add_ps(total, v[j]);
+  }
+  *sum = _mm512_reduce_add_ps(total);
+  return _mm512_reduce_max_ps(amax);
+}
 
 Activations quantize_activations_avx2(const float* x, int64_t M, int64_t K, bool split);
 Activations quantize_activations_avx512(const float* x, int64_t M, int64_t K);

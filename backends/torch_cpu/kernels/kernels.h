@@ -19,6 +19,11 @@ void q4b_matmul_avx512(const float* x, int64_t M, int64_t K, const uint8_t* code
                        const uint16_t* zero, int64_t N, float* y, bool vnni);
 void q8b_matmul_avx512(const float* x, int64_t M, int64_t K, const int8_t* codes, const float* scale, int64_t N,
                        float* y, bool vnni);
+// The same with VNNI and int8 activations per group of 64 (vnni8_avx512.cpp).
+void q4b_matmul_vnni8(const float* x, int64_t M, int64_t K, const uint8_t* codes, const uint16_t* scale,
+                      const uint16_t* zero, int64_t N, float* y);
+void q8b_matmul_vnni8(const float* x, int64_t M, int64_t K, const int8_t* codes, const float* scale, int64_t N,
+                      float* y);
 
 // Decode attention over a paged KV cache, read in place through the block tables (AVX-512).
 // kv_bf16: the caches hold bfloat16 (as uint16), else float32.

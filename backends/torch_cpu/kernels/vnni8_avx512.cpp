@@ -1,0 +1,190 @@
+// The VNNI int4 / int8 matmuls on the blocked layouts, with activations as int8 per group of 64:
+// vpdpbusd multiplies 4 byte pairs per 32-bit lane, twice the products of the int16 vpdpwssd
+// (int4_avx512_body.inc). From 8 rows of x on, those kernels were bound by their multiply-adds
+// (and the broadcasts and unpacking that feed them); here each instruction does twice the work.
+// int8 activations are what llama.cpp's Q4_0 / Q8_0 dot products use too (Q8_0, per 32).
+//
+// The blocked layouts are not changed: one vpermw per 64 bytes puts each output row's 4 bytes
+// (two 16-bit words of consecutive chunks) side by side in its lane.
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <vector>
+
+#include "common.h"
+#include "kernels.h"
+
+namespace qs {
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")
+namespace {
+
+struct Activations8 {
+  std::vector<int8_t> q;  // [M, K]; for int4 each 8 inputs in the order 0 1 4 5 2 3 6 7 (below)
+  std::vector<float> scale;  // [M, K / 64]
+  std::vector<float> sum;  // [M, K / 64], exact float sums for the int4 zero points
+  std::vector<int32_t> qsum;  // [M, K / 64], sums of q (to center the int4 codes)
+};
+
+// Lane r of a permuted 64-byte load: word r (the first 32 bytes) and word 16 + r (the next 32).
+QS_INLINE __m512i pair_words() {
+  alignas(64) int16_t index[32];
+  for (int r = 0; r < 16; r++) index[2 * r] = static_cast<int16_t>(r), index[2 * r + 1] = static_cast<int16_t>(16 + r);
+  return _mm512_load_si512(index);
+}
+
+// int4: after the permute, lane r holds (low nibbles) inputs 0 1 4 5 and (high) 2 3 6 7 of each
+// 8, so the activations are stored in that order: 16-bit words 0 2 1 3 of every 4.
+Activations8 quantize8(const float* x, int64_t M, int64_t K, bool nibble_order) {
+  const int64_t groups = M * K / GROUP;
+  Activations8 a{std::vector<int8_t>(M * K), std::vector<float>(groups), std::vector<float>(groups),
+                 std::vector<int32_t>(groups)};
+  alignas(64) int16_t order[32];
+  for (int i = 0; i < 32; i++) order[i] = static_cast<int16_t>((i & ~3) | (nibble_order ? (i & 1) * 2 + (i & 2) / 2 : i & 3));
+  const __m512i words = _mm512_load_si512(order);
+  for (int64_t i = 0; i < groups; i++) {
+    __m512 v[4];
+    const float top = load_group_avx512(x + i * GROUP, v, &a.sum[i]);
+    const __m512 inv = _mm512_set1_ps(top > 0.f ? 127.f / top : 0.f);
+    __m512i bytes = _mm512_setzero_si512(), qsum = _mm512_setzero_si512();
+    for (int j = 0; j < 4; j++) {
+      const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v[j], inv));
+      qsum = _mm512_add_epi32(qsum, q);
+      bytes = _mm512_inserti32x4(bytes, _mm512_cvtsepi32_epi8(q), j);
+    }
+    a.qsum[i] = _mm512_reduce_add_epi32(qsum);
+    _mm512_storeu_si512(a.q.data() + i * GROUP, _mm512_permutexvar_epi16(words, bytes));
+    a.scale[i] = top / 127.f;
+  }
+  return a;
+}
+
+QS_INLINE __m512i broadcast4(const int8_t* p, uint32_t flip = 0) {
+  uint32_t four;
+  __builtin_memcpy(&four, p, 4);
+  return _mm512_set1_epi32(static_cast<int>(four ^ flip));
+}
+
+constexpr int TILE_ROWS = 8;
+
+// One block of 16 output rows of int4 ([groups][16 chunks][16 rows][2 bytes]) times MT rows.
+// w = s q + z is taken as s (q - 8) + (z + 8 s): the activations' rounding error then meets the
+// centered codes, not codes 0..15 that all lean one way (which doubled the error). The sum over
+// q - 8 is the integer dot minus 8 times the activations' code sum, exact.
+template <int MT>
+QS_INLINE void q4_tile(const Activations8& a, int64_t m0, int64_t K, const uint8_t* block, const uint16_t* scale,
+                       const uint16_t* zero, float* y, int64_t N, int64_t n0, __m512i pairs) {
+  const int64_t groups = K / GROUP;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[MT];
+  for (int m = 0; m < MT; m++) acc[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g++) {
+    const uint8_t* wg = block + g * 512;
+    const int8_t* xg = a.q.data() + m0 * K + g * GROUP;
+    __m512i dot[MT];
+    for (int m = 0; m < MT; m++) dot[m] = _mm512_setzero_si512();
+    for (int c = 0; c < 8; c++) {  // 8 inputs: chunks 2c and 2c + 1
+      const __m512i w = _mm512_permutexvar_epi16(pairs, _mm512_loadu_si512(wg + c * 64));
+      const __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+      for (int m = 0; m < MT; m++) {
+        dot[m] = _mm512_dpbusd_epi32(dot[m], lo, broadcast4(xg + m * K + 8 * c));
+        dot[m] = _mm512_dpbusd_epi32(dot[m], hi, broadcast4(xg + m * K + 8 * c + 4));
+      }
+    }
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale + g * 16)));
+    const __m512 z = _mm512_fmadd_ps(_mm512_set1_ps(8.f), s,
+                                     _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(zero + g * 16))));
+    for (int m = 0; m < MT; m++) {
+      const int64_t i = (m0 + m) * groups + g;
+      const __m512i centered = _mm512_sub_epi32(dot[m], _mm512_set1_epi32(8 * a.qsum[i]));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centered), _mm512_mul_ps(s, _mm512_set1_ps(a.scale[i])), acc[m]);
+      acc[m] = _mm512_fmadd_ps(z, _mm512_set1_ps(a.sum[i]), acc[m]);
+    }
+  }
+  const __mmask16 keep = N - n0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (N - n0)) - 1);
+  for (int m = 0; m < MT; m++) _mm512_mask_storeu_ps(y + (m0 + m) * N + n0, keep, acc[m]);
+}
+
+// One block of 16 output rows of int8 ([K/2][16 rows][2 inputs]) times MT rows. vpdpbusd wants
+// one unsigned side: the activations go in as q + 128 (the sign bit flipped), and 128 times the
+// weights' sum (one more vpdpbusd, shared by all MT rows) is taken off again.
+template <int MT>
+QS_INLINE void q8_tile(const Activations8& a, int64_t m0, int64_t K, const int8_t* block, const float* scale,
+                       float* y, int64_t N, int64_t n0, __m512i pairs) {
+  const int64_t groups = K / GROUP;
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512 acc[MT];
+  for (int m = 0; m < MT; m++) acc[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g++) {
+    const int8_t* wg = block + g * GROUP * 16;
+    const int8_t* xg = a.q.data() + m0 * K + g * GROUP;
+    __m512i dot[MT], wsum = _mm512_setzero_si512();
+    for (int m = 0; m < MT; m++) dot[m] = _mm512_setzero_si512();
+    for (int p = 0; p < GROUP / 4; p++) {  // 4 inputs: pairs 2p and 2p + 1
+      const __m512i w = _mm512_permutexvar_epi16(pairs, _mm512_loadu_si512(wg + p * 64));
+      wsum = _mm512_dpbusd_epi32(wsum, ones, w);
+      for (int m = 0; m < MT; m++) dot[m] = _mm512_dpbusd_epi32(dot[m], broadcast4(xg + m * K + 4 * p, 0x80808080u), w);
+    }
+    const __m512i offset = _mm512_slli_epi32(wsum, 7);
+    for (int m = 0; m < MT; m++)
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[m], offset)),
+                               _mm512_set1_ps(a.scale[(m0 + m) * groups + g]), acc[m]);
+  }
+  const __mmask16 keep = N - n0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (N - n0)) - 1);
+  const __m512 s = _mm512_loadu_ps(scale + n0);  // the scales are padded to whole blocks
+  for (int m = 0; m < MT; m++) _mm512_mask_storeu_ps(y + (m0 + m) * N + n0, keep, _mm512_mul_ps(acc[m], s));
+}
+
+// Every block in [b_begin, b_end) for every row of x, TILE_ROWS rows at a time.
+template <typename Tile>
+void each_tile(int64_t M, int64_t b_begin, int64_t b_end, Tile&& tile) {
+  for (int64_t b = b_begin; b < b_end; b++)
+    for (int64_t m0 = 0; m0 < M; m0 += TILE_ROWS) tile(b, m0, M - m0 < TILE_ROWS ? M - m0 : TILE_ROWS);
+}
+
+#define QS_BY_ROWS(call)        \
+  switch (rows) {               \
+    case 1: call(1); break;     \
+    case 2: call(2); break;     \
+    case 3: call(3); break;     \
+    case 4: call(4); break;     \
+    case 5: call(5); break;     \
+    case 6: call(6); break;     \
+    case 7: call(7); break;     \
+    default: call(8); break;    \
+  }
+
+}  // namespace
+
+void q4b_matmul_vnni8(const float* x, int64_t M, int64_t K, const uint8_t* codes, const uint16_t* scale,
+                      const uint16_t* zero, int64_t N, float* y) {
+  const Activations8 a = quantize8(x, M, K, true);
+  const int64_t groups = K / GROUP;
+  const __m512i pairs = pair_words();
+  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t b_begin, int64_t b_end) {
+    each_tile(M, b_begin, b_end, [&](int64_t b, int64_t m0, int64_t rows) {
+#define QS_Q4(R) q4_tile<R>(a, m0, K, codes + b * groups * 512, scale + b * groups * 16, zero + b * groups * 16, y, N, b * 16, pairs)
+      QS_BY_ROWS(QS_Q4)
+#undef QS_Q4
+    });
+  });
+}
+
+void q8b_matmul_vnni8(const float* x, int64_t M, int64_t K, const int8_t* codes, const float* scale, int64_t N,
+                      float* y) {
+  const Activations8 a = quantize8(x, M, K, false);
+  const __m512i pairs = pair_words();
+  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t b_begin, int64_t b_end) {
+    each_tile(M, b_begin, b_end, [&](int64_t b, int64_t m0, int64_t rows) {
+#define QS_Q8(R) q8_tile<R>(a, m0, K, codes + b * K * 16, scale, y, N, b * 16, pairs)
+      QS_BY_ROWS(QS_Q8)
+#undef QS_Q8
+    });
+  });
+}
+
+#undef QS_BY_ROWS
+#pragma GCC pop_options
+
+}  // namespace qs

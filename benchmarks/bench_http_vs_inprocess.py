@@ -3,7 +3,7 @@
 prompt and output lengths, batch 1 and 8, side by side in one run: what the server costs.
 
     flock /work/cpu.lock python benchmarks/bench_http_vs_inprocess.py            # int4, ~5 min
-    flock /work/cpu.lock python benchmarks/bench_http_vs_inprocess.py --quant none
+    flock /work/cpu.lock python benchmarks/bench_http_vs_inprocess.py --quant none --dtype bfloat16
 
 Writes benchmarks/results/http_vs_inprocess.json (+ .md, PNGs) in the bench's format: one
 "endpoint" per path. Output tok/s = output tokens / wall time of a repetition, prefill included,
@@ -31,10 +31,10 @@ RESULTS = REPO / "benchmarks" / "results"
 PROMPT_TOKENS, OUTPUT_TOKENS, BATCHES, REPETITIONS = 64, 128, (1, 8), 3
 
 
-def in_process(model: str, quant: str) -> dict:
+def in_process(model: str, quant: str, dtype: str) -> dict:
     from qwen_serve import LLM, SamplingParams
 
-    llm = LLM(model, quant=quant)
+    llm = LLM(model, quant=quant, dtype=dtype)
     engine = llm.engine
     prompts = TokenIdPrompts(seed=1)
     params = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True)
@@ -60,8 +60,9 @@ def in_process(model: str, quant: str) -> dict:
             records.extend(recs.values())
         results.append(summarize({"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                                   "concurrency": batch}, reps, records))
-    return {"name": f"in-process {quant}", "url": None, "model": model, "api": "LLM engine",
-            "notes": f"qwen-serve {git_revision()}; LLM({model!r}, quant={quant!r}), engine stepped in this process",
+    return {"name": f"in-process {quant} {dtype}", "url": None, "model": model, "api": "LLM engine",
+            "notes": f"qwen-serve {git_revision()}; LLM({model!r}, quant={quant!r}, dtype={dtype!r}), engine stepped "
+                     "in this process",
             "identity": {}, "results": results}
 
 
@@ -89,25 +90,28 @@ def markdown(doc: dict, http: str, local: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quant", default="int4", choices=("int4", "none"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--peers", type=Path, default=cache_dir("peers"), help="where setup_peers.py put the checkpoint")
     args = parser.parse_args(argv)
     peers = Peers(args.peers.expanduser().resolve())
     make_checkpoint(peers)
     raw = RESULTS / "raw"
-    http_name = f"HTTP {args.quant}"
+    http_name = f"HTTP {args.quant} {args.dtype}"
     command = ServerCommand(http_name, [sys.executable, "-m", "qwen_serve", "--model", str(peers.checkpoint),
-                                        "--quant", args.quant, "--host", "127.0.0.1", "--port", "{port}"])
+                                        "--quant", args.quant, "--dtype", args.dtype, "--host", "127.0.0.1",
+                                        "--port", "{port}"])
     with RunningServer(command) as server:
-        http_path = run_bench(http_name, server.url, raw, f"http_{args.quant}", [
+        http_path = run_bench(http_name, server.url, raw, f"http_{args.quant}_{args.dtype}", [
             "--api", "chat", "--tokenizer", str(peers.checkpoint), "--prompt-tokens", str(PROMPT_TOKENS),
             "--output-tokens", str(OUTPUT_TOKENS), "--concurrency", ",".join(map(str, BATCHES)),
             "--repetitions", str(REPETITIONS)], f"qwen-serve {git_revision()}; {' '.join(server.argv)}")
-    local = new_document(describe_machine(), {"points": "see results"}, [in_process(str(peers.checkpoint), args.quant)])
+    local = new_document(describe_machine(), {"points": "see results"}, [in_process(str(peers.checkpoint), args.quant, args.dtype)])
     doc = merge([json.loads(http_path.read_text()), local], [str(http_path.relative_to(REPO)), "in-process"])
-    stem = "http_vs_inprocess" if args.quant == "int4" else f"http_vs_inprocess_{args.quant}"
+    stem = "http_vs_inprocess" + "".join(f"_{v}" for v, default in ((args.quant, "int4"), (args.dtype, "float32"))
+                                         if v != default)
     write_json(doc, RESULTS / f"{stem}.json")
     write_plots(doc, RESULTS, f"{stem}-")
-    (RESULTS / f"{stem}.md").write_text(markdown(doc, http_name, f"in-process {args.quant}"))
+    (RESULTS / f"{stem}.md").write_text(markdown(doc, http_name, f"in-process {args.quant} {args.dtype}"))
     print((RESULTS / f"{stem}.md").read_text())
     return 0
 

@@ -73,7 +73,9 @@ def peer_version(name: str, peers: Peers) -> str:
 
 def launches(name: str, peers: Peers) -> list[tuple[ServerCommand, list[list[str]]]]:
     """Each launch a server needs: the server to start and the bench runs to make against it."""
-    qwen_flags = {"qwen-int4": ["--quant", "int4"], "qwen-fp32": [], "qwen-bf16": ["--dtype", "bfloat16"]}
+    # int4 weights with a bfloat16 KV cache, as llama.cpp keeps f16 and vLLM bf16 keys and values
+    qwen_flags = {"qwen-int4": ["--quant", "int4", "--dtype", "bfloat16"], "qwen-fp32": [],
+                  "qwen-bf16": ["--dtype", "bfloat16"]}
     if name in qwen_flags:
         return [(ServerCommand(name, qwen(peers, *qwen_flags[name])), [DECODE, PREFILL])]
     if name in ("llama-q4_0", "llama-bf16"):

@@ -1,6 +1,6 @@
 """The same qwen-serve build over HTTP (`qwen-serve bench` against the server) and in-process
 (the engine `LLM(...).generate` drives, stepped here so every token gets a timestamp), same
-prompt and output lengths, batch 1 and 8, side by side in one run: what the server costs.
+prompt and output lengths, batch 1, 8 and 16, side by side in one run: what the server costs.
 
     flock /work/cpu.lock python benchmarks/bench_http_vs_inprocess.py            # int4, ~5 min
     flock /work/cpu.lock python benchmarks/bench_http_vs_inprocess.py --quant none --dtype bfloat16
@@ -28,7 +28,7 @@ from qwen_serve.bench.stats import RequestRecord, repetition, summarize
 from qwen_serve.cache_dir import cache_dir
 
 RESULTS = REPO / "benchmarks" / "results"
-PROMPT_TOKENS, OUTPUT_TOKENS, BATCHES, REPETITIONS = 64, 128, (1, 8), 3
+PROMPT_TOKENS, OUTPUT_TOKENS, BATCHES, REPETITIONS = 64, 128, (1, 8, 16), 3
 
 
 def in_process(model: str, quant: str, dtype: str) -> dict:

@@ -8,7 +8,7 @@ Four Qwen3-0.6B layers of distinct random weights (60M weights, so nothing stays
 1, 8, 16, 64 and 512 rows of x: the int4 kernels in each instruction-set variant this CPU runs
 (AVX-512 with and without VNNI, AVX2; QWEN_SERVE_DISABLE_ISA takes some away), int4 prefill
 tiles, and float32 / bfloat16 through F.linear and through oneDNN with a prepacked weight.
-With --merged: the model's own layers (int4, bfloat16) with q/k/v and gate/up as separate
+With --merged: random-weight layers of the model's own classes (int4, bfloat16), q/k/v and gate/up as separate
 projections against merged into one matmul each (merged_linear.py), measured in turns.
 """
 from __future__ import annotations

@@ -271,7 +271,7 @@ def test_int4_model_equals_transformers_on_the_dequantized_weights(qwen3_tiny, m
     kernels = llm.parts.executor.layers[0].qkv.linear.kernels
     int8_activations = kernels is not None and kernels.isa == "avx512" and kernels.vnni
     # int8 activations: ~0.6% relative error per matmul, up to 0.047 on this model's top-5 logprobs
-    tolerance = 0.1 if int8_activations else 1e-2
+    tolerance = 0.06 if int8_activations else 1e-2
     prompts = [llm.tokenizer.encode(t) for t in ("Hello, world!", "The quick brown fox", "1 2 3 4 5")]
     outs = llm.generate(prompts, SamplingParams(max_tokens=1, logprobs=5))
     for prompt, out in zip(prompts, outs):

@@ -43,7 +43,6 @@ def test_merged_int4_layer_gives_each_parts_output(kernels, rows):
     torch.testing.assert_close(merged.linear.dequantize(), torch.cat([p.dequantize() for p in parts]), rtol=0, atol=0)
 
 
-@pytest.mark.skipif(KERNELS is None or KERNELS.isa != "avx512", reason="the blocked layout is the AVX-512 kernels'")
 def test_unblocking_gives_back_the_canonical_int4_weight():
     q = int4.quantize(np.random.default_rng(3).standard_normal((40, 192)).astype(np.float32))
     back = blocked.unblock_int4(*blocked.block_int4(q), rows=40)

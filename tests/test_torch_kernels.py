@@ -255,7 +255,8 @@ def test_fused_layer_steps_match_their_torch_form(rows):
         before = merged.clone()
         k = merged[:, 4 * 32:6 * 32].view(rows, 2, 32)
         expected = plain.head_norm_rope(k.clone(), head_weight, 1e-6, cos, sin)
-        torch.testing.assert_close(fused.head_norm_rope(k, head_weight, 1e-6, cos, sin), expected)
+        fused.ops.head_norm_rope_(k, head_weight, 1e-6, cos, sin)  # the kernel itself, in place
+        torch.testing.assert_close(merged[:, 4 * 32:6 * 32].view(rows, 2, 32), expected)
         torch.testing.assert_close(merged[:, :4 * 32], before[:, :4 * 32], rtol=0, atol=0)
         torch.testing.assert_close(merged[:, 6 * 32:], before[:, 6 * 32:], rtol=0, atol=0)
     gate, up = torch.randn(rows, 200) * 4, torch.randn(rows, 200)
@@ -263,4 +264,8 @@ def test_fused_layer_steps_match_their_torch_form(rows):
     for width in (200, 3000):  # 3000: the threads split rows midway
         gate_up = torch.randn(rows, 2 * width) * 4  # the halves of a merged gate/up output
         gate, up = gate_up[:, :width], gate_up[:, width:]
-        torch.testing.assert_close(fused.silu_mul(gate, up), F.silu(gate) * up)
+        torch.testing.assert_close(fused.ops.silu_mul(gate, up), F.silu(gate) * up)  # the kernel itself
+    overlapping = torch.randn(1, 4, 32).expand(max(rows, 2), 4, 32)  # rows sharing memory: refused
+    with pytest.raises(RuntimeError, match="overlap"):
+        fused.ops.head_norm_rope_(overlapping, None, 1e-6, cos[:1].expand(len(overlapping), 32).contiguous(),
+                                  sin[:1].expand(len(overlapping), 32).contiguous())

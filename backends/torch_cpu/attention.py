@@ -20,7 +20,8 @@ class CachedAttention:
         cache: KVCache, step: StepLayout,
     ) -> torch.Tensor:
         # queries [T, H, D]; keys/values [T, Hkv, D]
-        cache.write(layer, step.write_slots, keys, values)
+        # keys and values are column slices of the merged q/k/v output; a cache gets them whole
+        cache.write(layer, step.write_slots, keys.contiguous(), values.contiguous())
         out = torch.empty_like(queries)
         if step.paged is not None:  # the backend's own storage, read in place (paged_decode.py)
             out[step.decode_rows] = step.paged.attend(layer, queries[step.decode_rows], self.scale)

@@ -65,7 +65,10 @@ class TorchBackend:
                 # freed memory resident (1.5 GiB RSS for 385 MiB of weights).
                 del tensor, array
                 return_free_heap()
-        return DecoderModel(checkpoint.config, weights, make_linear=_as_linear)
+        model = DecoderModel(checkpoint.config, weights, make_linear=_as_linear)
+        if quant != "none":
+            return_free_heap()  # and the temporaries of merging the projections (merged_linear.py)
+        return model
 
     def _convert(self, name: str, tensor: torch.Tensor, target: torch.dtype, quant: str, scratch: Scratch,
                  importance: np.ndarray | None = None):

@@ -2,7 +2,8 @@
 load time, and their rows back as float32 (embedding lookups, prefill tiles, dequantize()).
 
 Both put 16 output rows side by side, so one AVX-512 multiply-add serves 16 rows and each block's
-result is 16 finished dot products (no horizontal sums); the kernels are in kernels/int4_avx512*.
+result is 16 finished dot products (no horizontal sums); the kernels are in kernels/int4_avx512*
+and, with VNNI, kernels/vnni8_avx512.cpp.
 
 int4: codes uint8 [blocks, groups, 16 chunks, 16 rows, 2]: byte j of chunk c holds input
 4c + j of its group in the low nibble and input 4c + 2 + j in the high one; scale and zero

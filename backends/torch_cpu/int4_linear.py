@@ -23,7 +23,8 @@ from .merged_linear import stacked_bias
 from .native import Kernels, cpu_features, has_fast_bf16_matmul, load_kernels
 from .row_buckets import pad_rows
 
-# Up to this many rows of x go through the kernels; more go through dequantized tiles. With the
+# Up to this many rows of x go through the kernels; more go through dequantized tiles (measured
+# before the VNNI kernels took int8 activations, which halved their time at 16-512 rows). With the
 # AVX2 kernels (measured on Sapphire Rapids, Qwen3-0.6B geometry, 2 threads) the crossover was 16
 # rows against bf16 tiles and past 256 against float32 tiles. The AVX-512 kernels beat bf16 tiles
 # at every size on a Zen 5 without AMX (80 against 133 ms for 4 layers at 512 rows,

@@ -28,8 +28,19 @@ def _fusable(*tensors: torch.Tensor) -> bool:
 
 
 def _fusable_rows(*tensors: torch.Tensor) -> bool:
-    """Rows at any stride, each contiguous: the column slices of a merged projection's output."""
-    return all(t.dtype == torch.float32 and t.dim() >= 2 and t[0].is_contiguous() for t in tensors)
+    """Rows at a stride of their own, each contiguous, none overlapping: the column slices of a
+    merged projection's output (what the kernels' check_strided_rows accepts)."""
+    for t in tensors:
+        if t.dtype != torch.float32 or t.dim() < 2:
+            return False
+        row = 1
+        for size, stride in zip(reversed(t.shape[1:]), reversed(t.stride()[1:])):
+            if size != 1 and stride != row:
+                return False
+            row *= size
+        if t.shape[0] > 1 and t.stride(0) < row:
+            return False
+    return True
 
 
 class LayerOps:

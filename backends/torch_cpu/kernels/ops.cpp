@@ -138,10 +138,16 @@ void check_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() >= 1, name, " must be contiguous float32");
 }
 
-// Rows at any stride, each row's elements contiguous: a column slice of a [T, n] matrix.
+// Rows at a stride of their own, each row's elements contiguous and no two rows overlapping: a
+// column slice of a [T, n] matrix (viewed as [T, n] or [T, heads, D]).
 void check_strided_rows(const at::Tensor& x, const char* name) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 1 && (x.dim() == 1 || x[0].is_contiguous()), name,
-              " must be float32 rows, each contiguous");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 2, name, " must be float32 rows");
+  int64_t row = 1;
+  for (int64_t d = x.dim() - 1; d >= 1; d--) {
+    TORCH_CHECK(x.size(d) == 1 || x.stride(d) == row, name, "'s rows must each be contiguous");
+    row *= x.size(d);
+  }
+  TORCH_CHECK(x.size(0) <= 1 || x.stride(0) >= row, name, "'s rows must not overlap");
 }
 
 void check_weight(const at::Tensor& w, int64_t n) {

@@ -36,7 +36,7 @@ QS_INLINE __m512 exp_nonpositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Softmax of one head's scores in place (len values, padded to a multiple of 16 with -inf room).
+// Softmax of one head's scores in place (len values; the last partial vector is masked).
 void softmax_in_place(float* s, int64_t len) {
   __m512 top = _mm512_set1_ps(-INFINITY);
   int64_t t = 0;

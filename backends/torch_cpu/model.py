@@ -96,9 +96,10 @@ class DecoderModel:
         """Calibratable.projections: a merged layer's parts share its input, so each part's name
         watches the merged layer (a watcher calls on to the next)."""
         for i, layer in enumerate(self.layers):
-            for owner, names in ((layer.qkv, QKV), (layer, ("o_proj",)), (layer.gate_up, GATE_UP), (layer, ("down_proj",))):
-                for name in names:
-                    yield projection_weight_name(i, name), owner, name if owner is layer else "linear"
+            for merged, single in ((layer.qkv, "o_proj"), (layer.gate_up, "down_proj")):
+                for name in merged.names:
+                    yield projection_weight_name(i, name), merged, "linear"
+                yield projection_weight_name(i, single), layer, single
 
     @staticmethod
     def to_numpy(x: torch.Tensor):

@@ -35,16 +35,7 @@ void bf16b_range(const uint32_t* xpairs, int64_t M, int64_t K, const uint16_t* c
     for (int64_t m0 = 0; m0 < M; m0 += 8) {
       const uint32_t* xm = xpairs + m0 * (K / 2);
       float* ym = y + m0 * N;
-      switch (M - m0 < 8 ? M - m0 : 8) {
-        case 1: bf16b_tile<1>(xm, K, block, ym, N, b * 16); break;
-        case 2: bf16b_tile<2>(xm, K, block, ym, N, b * 16); break;
-        case 3: bf16b_tile<3>(xm, K, block, ym, N, b * 16); break;
-        case 4: bf16b_tile<4>(xm, K, block, ym, N, b * 16); break;
-        case 5: bf16b_tile<5>(xm, K, block, ym, N, b * 16); break;
-        case 6: bf16b_tile<6>(xm, K, block, ym, N, b * 16); break;
-        case 7: bf16b_tile<7>(xm, K, block, ym, N, b * 16); break;
-        default: bf16b_tile<8>(xm, K, block, ym, N, b * 16); break;
-      }
+      with_count_1_to_8(M - m0, [&](auto rows) { bf16b_tile<decltype(rows)::value>(xm, K, block, ym, N, b * 16); });
     }
   }
 }

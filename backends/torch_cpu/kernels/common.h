@@ -9,6 +9,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #define QS_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -27,6 +28,22 @@ struct Activations {
   std::vector<float> scale;  // [M, K / 64]
   std::vector<float> sum;  // [M, K / 64]
 };
+
+// Calls f(std::integral_constant<int, n>{}) with n clamped to 1..8: the kernels are templates on a
+// small count (rows of x in a tile, vectors of a head's columns), one instance per count, picked here.
+template <typename F>
+QS_INLINE void with_count_1_to_8(int64_t n, F&& f) {
+  switch (n) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
 
 // One group of 64 activations as 4 vectors; returns its largest magnitude, its sum into *sum
 // (what every int16 / int8 activation quantizer starts from).

@@ -105,18 +105,10 @@ QS_INLINE void weigh_values(const float* p, int64_t len, const KV* values, int64
 template <typename KV, int NH>
 void weigh_columns(const float* p, int64_t len, const KV* values, int64_t stride, const int64_t* table,
                    int64_t block_size, float* out, int64_t D) {
-  for (int64_t d0 = 0; d0 < D; d0 += 128) {  // up to 8 vectors of columns at a time
-    switch ((D - d0 < 128 ? D - d0 : 128) / 16) {
-      case 1: weigh_values<KV, NH, 1>(p, len, values, stride, table, block_size, d0, out, D); break;
-      case 2: weigh_values<KV, NH, 2>(p, len, values, stride, table, block_size, d0, out, D); break;
-      case 3: weigh_values<KV, NH, 3>(p, len, values, stride, table, block_size, d0, out, D); break;
-      case 4: weigh_values<KV, NH, 4>(p, len, values, stride, table, block_size, d0, out, D); break;
-      case 5: weigh_values<KV, NH, 5>(p, len, values, stride, table, block_size, d0, out, D); break;
-      case 6: weigh_values<KV, NH, 6>(p, len, values, stride, table, block_size, d0, out, D); break;
-      case 7: weigh_values<KV, NH, 7>(p, len, values, stride, table, block_size, d0, out, D); break;
-      default: weigh_values<KV, NH, 8>(p, len, values, stride, table, block_size, d0, out, D); break;
-    }
-  }
+  for (int64_t d0 = 0; d0 < D; d0 += 128)  // up to 8 vectors of columns at a time
+    with_count_1_to_8((D - d0) / 16, [&](auto vectors) {
+      weigh_values<KV, NH, decltype(vectors)::value>(p, len, values, stride, table, block_size, d0, out, D);
+    });
 }
 
 constexpr int SCORE_TOKENS = 8;

@@ -147,24 +147,13 @@ QS_INLINE void q8_tile(const Activations8& a, int64_t m0, int64_t K, const int8_
   for (int m = 0; m < MT; m++) _mm512_mask_storeu_ps(y + (m0 + m) * N + n0, keep, _mm512_mul_ps(acc[m], s));
 }
 
-// Every block in [b_begin, b_end) for every row of x, TILE_ROWS rows at a time.
+// tile(b, m0, rows) for every block in [b_begin, b_end) and every TILE_ROWS rows of x.
 template <typename Tile>
 void each_tile(int64_t M, int64_t b_begin, int64_t b_end, Tile&& tile) {
   for (int64_t b = b_begin; b < b_end; b++)
-    for (int64_t m0 = 0; m0 < M; m0 += TILE_ROWS) tile(b, m0, M - m0 < TILE_ROWS ? M - m0 : TILE_ROWS);
+    for (int64_t m0 = 0; m0 < M; m0 += TILE_ROWS)
+      with_count_1_to_8(M - m0, [&](auto rows) { tile(b, m0, rows); });
 }
-
-#define QS_BY_ROWS(call)        \
-  switch (rows) {               \
-    case 1: call(1); break;     \
-    case 2: call(2); break;     \
-    case 3: call(3); break;     \
-    case 4: call(4); break;     \
-    case 5: call(5); break;     \
-    case 6: call(6); break;     \
-    case 7: call(7); break;     \
-    default: call(8); break;    \
-  }
 
 }  // namespace
 
@@ -174,10 +163,9 @@ void q4b_matmul_vnni8(const float* x, int64_t M, int64_t K, const uint8_t* codes
   const int64_t groups = K / GROUP;
   const __m512i pairs = pair_words();
   at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t b_begin, int64_t b_end) {
-    each_tile(M, b_begin, b_end, [&](int64_t b, int64_t m0, int64_t rows) {
-#define QS_Q4(R) q4_tile<R>(a, m0, K, codes + b * groups * 512, scale + b * groups * 16, zero + b * groups * 16, y, N, b * 16, pairs)
-      QS_BY_ROWS(QS_Q4)
-#undef QS_Q4
+    each_tile(M, b_begin, b_end, [&](int64_t b, int64_t m0, auto rows) {
+      q4_tile<decltype(rows)::value>(a, m0, K, codes + b * groups * 512, scale + b * groups * 16,
+                                     zero + b * groups * 16, y, N, b * 16, pairs);
     });
   });
 }
@@ -187,15 +175,12 @@ void q8b_matmul_vnni8(const float* x, int64_t M, int64_t K, const int8_t* codes,
   const Activations8 a = quantize8(x, M, K, false);
   const __m512i pairs = pair_words();
   at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t b_begin, int64_t b_end) {
-    each_tile(M, b_begin, b_end, [&](int64_t b, int64_t m0, int64_t rows) {
-#define QS_Q8(R) q8_tile<R>(a, m0, K, codes + b * K * 16, scale, y, N, b * 16, pairs)
-      QS_BY_ROWS(QS_Q8)
-#undef QS_Q8
+    each_tile(M, b_begin, b_end, [&](int64_t b, int64_t m0, auto rows) {
+      q8_tile<decltype(rows)::value>(a, m0, K, codes + b * K * 16, scale, y, N, b * 16, pairs);
     });
   });
 }
 
-#undef QS_BY_ROWS
 #pragma GCC pop_options
 
 }  // namespace qs

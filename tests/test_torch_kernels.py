@@ -92,19 +92,39 @@ def test_int8_kernel_matches_torch_at_every_decode_size(name, out_features):
 
 @needs_avx512
 @pytest.mark.skipif("avx512_bf16" not in cpu_features(), reason="this CPU lacks AVX512-BF16")
-@pytest.mark.parametrize("rows", [1, 3, 8, 11, 16])
-def test_bf16_head_kernel_gives_float32_logits(rows):
-    w = torch.randn(301, 96, generator=torch.Generator().manual_seed(rows)).bfloat16()
+@pytest.mark.parametrize("rows", [1, 3, 8, 11, 16, 37])
+@pytest.mark.parametrize("width", [96, 2048])  # 2048: panels of 3 blocks, the last one short
+def test_bf16_head_kernel_gives_float32_logits(rows, width):
+    w = torch.randn(301, width, generator=torch.Generator().manual_seed(rows)).bfloat16()
     head = DenseLinear(w)
     head.as_head(KERNELS)
     assert head.blocked is not None and head.weight is None
-    x = _activations(rows, 96, seed=rows)
+    x = _activations(rows, width, seed=rows)
     y = head(x)
     assert y.dtype == torch.float32
     # x is rounded to bf16 (w already is); the products are summed in float32.
     assert _rel(y, x.bfloat16().float() @ w.float().T) < 1e-5
     ids = torch.tensor([300, 0, 17])
     assert torch.equal(head.lookup(ids), w.float()[ids])
+
+
+@needs_avx512
+@pytest.mark.skipif("avx512_bf16" not in cpu_features(), reason="this CPU lacks AVX512-BF16")
+def test_bf16_layers_take_the_blocked_kernel_where_there_is_no_amx(monkeypatch):
+    w = torch.randn(48, 64).bfloat16()
+    bias = torch.randn(48)
+    layer = DenseLinear(w, bias)
+    layer.prepack(KERNELS)
+    if "amx_bf16" in cpu_features():
+        assert layer.blocked is None and layer.packed is not None
+        return
+    assert layer.blocked is not None and layer.packed is None and layer.weight is None
+    x = torch.randn(2, 3, 64)  # any leading shape
+    assert _rel(layer(x), x.bfloat16().float() @ w.float().T + bias) < 1e-5
+    monkeypatch.setenv(native.DISABLE_ENV, "avx512_bf16")
+    elsewhere = DenseLinear(w)
+    elsewhere.prepack(load_kernels())
+    assert elsewhere.blocked is None
 
 
 def test_tiles_of_the_blocked_layout_match_when_rows_are_not_whole_blocks():
@@ -199,6 +219,43 @@ def test_paged_decode_refuses_a_table_outside_the_cache():
     paged = PagedDecode(storage, torch.tensor([[0, 9]]), torch.tensor([20]), KERNELS)
     with pytest.raises(RuntimeError, match="outside the cache"):
         paged.attend(0, torch.randn(1, 4, 16), 0.25)
+
+
+@needs_avx512
+def test_paged_decode_reads_queries_at_a_row_stride():
+    storage = TorchKVStorage(1, 2, 16, torch.float32, 16, 4, 4)
+    storage.ensure_blocks(4)
+    storage.keys[0].normal_()
+    storage.values[0].normal_()
+    paged = PagedDecode(storage, torch.tensor([[2, 0], [1, 3]]), torch.tensor([20, 7]), KERNELS)
+    wide = torch.randn(2, 4 * 16 + 48)  # q columns first, as in the merged q/k/v output
+    q = wide[:, : 4 * 16].view(2, 4, 16)
+    assert _rel(paged.attend(0, q, 0.25), paged.attend(0, q.contiguous(), 0.25)) == 0
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_write_stores_strided_rows_as_index_copy_would(dtype):
+    kv_heads, head_dim, T = 2, 16, 5
+    torch.manual_seed(0)
+    fast = TorchKVStorage(1, kv_heads, head_dim, dtype, 16, 4, 4)
+    plain = TorchKVStorage(1, kv_heads, head_dim, dtype, 16, 4, 4, kernels=None)
+    for storage in (fast, plain):
+        storage.ensure_blocks(4)
+        storage.keys[0].zero_()
+        storage.values[0].zero_()
+    qkv = torch.randn(T, (4 + 2 * kv_heads) * head_dim)
+    qkv[0, 4 * head_dim] = 1.0 + 2.0 ** -8  # a tie between two bfloat16 values: rounds to even
+    qkv[1, 4 * head_dim] = float("nan")
+    k = qkv[:, 4 * head_dim: (4 + kv_heads) * head_dim].view(T, kv_heads, head_dim)
+    v = qkv[:, (4 + kv_heads) * head_dim:].view(T, kv_heads, head_dim)
+    slots = torch.tensor([3, 17, 40, 0, 63])
+    fast.write(0, slots, k, v)
+    plain.write(0, slots, k.contiguous(), v.contiguous())
+    for got, want in ((fast.keys[0], plain.keys[0]), (fast.values[0], plain.values[0])):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)  # exactly, NaN where torch has it
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        fast.write(0, torch.tensor([64, 0, 0, 0, 0]), k, v)
 
 
 # --- whole models: the in-place attention against the generic gather path --------------------------

@@ -20,10 +20,14 @@ class CachedAttention:
         cache: KVCache, step: StepLayout,
     ) -> torch.Tensor:
         # queries [T, H, D]; keys/values [T, Hkv, D]
-        # keys and values are column slices of the merged q/k/v output; a cache gets them whole
-        cache.write(layer, step.write_slots, keys.contiguous(), values.contiguous())
+        # keys and values are column slices of the merged q/k/v output: the backend's own storage
+        # takes them so (kv_write.cpp), any other cache whole
+        in_place = step.paged is not None  # the backend's own storage, read in place (paged_decode.py)
+        cache.write(layer, step.write_slots, *((keys, values) if in_place else (keys.contiguous(), values.contiguous())))
+        if in_place and not step.prefills:  # every row decodes: the kernel's output is the answer
+            return step.paged.attend(layer, queries, self.scale)
         out = torch.empty_like(queries)
-        if step.paged is not None:  # the backend's own storage, read in place (paged_decode.py)
+        if in_place:
             out[step.decode_rows] = step.paged.attend(layer, queries[step.decode_rows], self.scale)
         elif step.decode_rows.numel():
             k, v = cache.read(layer, step.decode_slots)  # [B, L, Hkv, D]: one gather for all decodes

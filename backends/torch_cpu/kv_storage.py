@@ -7,14 +7,20 @@ import torch
 from qwen_serve.kv.memory import kv_bytes_per_token
 from qwen_serve.kv.slabs import SlabGrownStorage
 
+from .layer_ops import float_rows
+from .native import Kernels, load_kernels
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # what kv_write.cpp stores
+
 
 class TorchKVStorage(SlabGrownStorage):
     def __init__(
         self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-        block_size: int, slab_blocks: int, max_blocks: int,
+        block_size: int, slab_blocks: int, max_blocks: int, kernels: Kernels | None | str = "auto",
     ) -> None:
         super().__init__(block_size, slab_blocks, max_blocks)
         self.dtype = dtype
+        self.kernels = load_kernels() if kernels == "auto" else kernels
         shape = (0, num_kv_heads, head_dim)
         self.keys = [torch.empty(shape, dtype=dtype) for _ in range(num_layers)]
         self.values = [torch.empty(shape, dtype=dtype) for _ in range(num_layers)]
@@ -28,6 +34,12 @@ class TorchKVStorage(SlabGrownStorage):
                 tensors[i] = grown
 
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """keys, values [T, kv heads, D]; float32 rows at a stride (column slices) go through one
+        kernel call, which rounds them to the storage's dtype as torch would."""
+        if self.kernels is not None and self.dtype in KERNEL_DTYPES and slots.dtype == torch.long \
+                and slots.dim() == 1 and slots.is_contiguous() and float_rows(keys, values):
+            self.kernels.ops.kv_write_(self.keys[layer], self.values[layer], slots, keys, values)
+            return
         self.keys[layer].index_copy_(0, slots, keys.to(self.dtype))
         self.values[layer].index_copy_(0, slots, values.to(self.dtype))
 

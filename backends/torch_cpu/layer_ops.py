@@ -27,7 +27,7 @@ def _fusable(*tensors: torch.Tensor) -> bool:
     return all(t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
 
 
-def _fusable_rows(*tensors: torch.Tensor) -> bool:
+def float_rows(*tensors: torch.Tensor) -> bool:
     """Rows at a stride of their own, each contiguous, none overlapping: the column slices of a
     merged projection's output (what the kernels' check_strided_rows accepts)."""
     for t in tensors:
@@ -64,7 +64,7 @@ class LayerOps:
                        sin: torch.Tensor) -> torch.Tensor:
         """x [T, heads, D]: RMSNorm per head (when weight is given), then the rotary embedding at
         the positions whose cos and sin are [T, D]. x may be a column slice (rows at a stride)."""
-        if self.ops is not None and _fusable_rows(x) and _fusable(cos, sin):
+        if self.ops is not None and float_rows(x) and _fusable(cos, sin):
             self.ops.head_norm_rope_(x, weight, eps, cos, sin)
             return x
         if weight is not None:
@@ -73,6 +73,6 @@ class LayerOps:
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         """gate, up [T, n], each may be a column slice (the halves of a merged gate/up output)."""
-        if self.ops is not None and gate.dim() == 2 and _fusable_rows(gate, up):
+        if self.ops is not None and gate.dim() == 2 and float_rows(gate, up):
             return self.ops.silu_mul(gate, up)
         return F.silu(gate) * up

@@ -1,15 +1,21 @@
-"""Float linear layers, through oneDNN with the weight reordered once at load ("prepacked").
+"""Float linear layers: bfloat16 through the AVX512-BF16 kernel on its blocked layout where the
+CPU has that (and no AMX), otherwise through oneDNN with the weight reordered once at load
+("prepacked").
 
 Prepacked, torch's oneDNN linear ran 2x faster than ``F.linear`` on the same weights for float32
 at every batch size on a Zen 5 and 1.6x for bfloat16 at decode sizes (``python
 benchmarks/bench_linears.py``). bfloat16 weights are multiplied in bfloat16 (float32
 accumulation) where the CPU does that natively (AVX512-BF16 or AMX); elsewhere bf16 matmul runs
 ~100x slower than float32, so there they are upcast per call and bf16 only saves memory.
+On a Zen 5 without AMX the blocked kernel (kernels/bf16_avx512.cpp) took float32 x and gave float32
+y with no conversion around the call, and beat prepacked oneDNN at 1-16 rows (1.5-1.7x at one row,
+4 Qwen3-0.6B layers) and came within 3% of it at 64-512, so there it takes every call; AMX
+CPUs, whose bf16 GEMM is several times faster at prefill (unmeasured here), keep oneDNN.
 Outputs are float32 either way: the residual stream, norms and softmax stay float32. The layer
 that gives logits (as_head) multiplies with float32 results: rounded to bf16, SmolLM2's two most
 likely first tokens for "What is the capital of France?" tied and argmax took the wrong one. There a
-bf16 weight goes to the blocked layout of the AVX512-BF16 kernel (native.py), which also reads
-the embedding rows of a tied table.
+bf16 weight goes to the blocked layout of the kernel on any CPU with AVX512-BF16; it also reads the
+embedding rows of a tied table.
 """
 from __future__ import annotations
 
@@ -26,11 +32,16 @@ def compute_dtype(weight_dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if weight_dtype == torch.bfloat16 and has_fast_bf16_matmul() else torch.float32
 
 
+def runs_bf16_kernel(layer: "DenseLinear", kernels: Kernels | None) -> bool:
+    return layer.dtype == torch.bfloat16 and kernels is not None and kernels.isa == "avx512" \
+        and "avx512_bf16" in cpu_features() and layer.in_features % 2 == 0
+
+
 class DenseLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight: torch.Tensor | None = weight.contiguous()
         self.packed: torch.Tensor | None = None  # the oneDNN-ordered weight, once prepack() ran
-        self.blocked: torch.Tensor | None = None  # bf16 rows for the head kernel, once as_head() ran
+        self.blocked: torch.Tensor | None = None  # bf16 rows for the kernel, once prepack() or as_head() blocked them
         self.kernels: Kernels | None = None
         self.bias = None if bias is None else bias.float()
         self.out_features, self.in_features = weight.shape
@@ -43,10 +54,16 @@ class DenseLinear:
             raise ValueError("stack float layers before prepack() or as_head()")
         return cls(torch.cat([part.weight for part in parts]), stacked_bias(parts))
 
-    def prepack(self) -> None:
-        """Reorder the weight for oneDNN and drop the plain one (so lookup() no longer works:
-        not for a table an embedding shares). Leaves the layer as it was where oneDNN cannot."""
-        if self.weight is None or self.weight.dtype != self.dtype or not torch.backends.mkldnn.is_available():
+    def prepack(self, kernels: Kernels | None = None) -> None:
+        """The layout this CPU multiplies fastest (the blocked bf16 kernel where ``kernels`` run it
+        and there is no AMX, else oneDNN's), the plain weight dropped (so lookup() works only when
+        blocked: not for a table an embedding shares). Leaves the layer as it was where neither runs."""
+        if self.weight is None:
+            return
+        if runs_bf16_kernel(self, kernels) and "amx_bf16" not in cpu_features():
+            self._block(kernels)
+            return
+        if self.weight.dtype != self.dtype or not torch.backends.mkldnn.is_available():
             return
         try:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 1)
@@ -59,24 +76,27 @@ class DenseLinear:
         it, else float32 compute."""
         if self.weight is None:
             return
-        if self.dtype == torch.bfloat16 and kernels is not None and kernels.isa == "avx512" \
-                and "avx512_bf16" in cpu_features() and self.in_features % 2 == 0:
-            self.blocked, self.kernels, self.weight = blocked.block_pairs(self.weight), kernels, None
+        if runs_bf16_kernel(self, kernels):
+            self._block(kernels)
         else:
             self.dtype = torch.float32
 
+    def _block(self, kernels: Kernels) -> None:
+        self.blocked, self.kernels, self.weight = blocked.block_pairs(self.weight), kernels, None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.blocked is not None:
-            y = self.kernels.ops.bf16b_matmul_avx512(x.float().contiguous(), self.blocked, self.out_features)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if self.blocked is not None:  # float32 in and out, no conversion around the call
+            y = self.kernels.ops.bf16b_matmul_avx512(x2.float().contiguous(), self.blocked, self.out_features)
         else:  # oneDNN: a bounded set of shapes (row_buckets.py)
-            lead = x.shape[:-1]
-            x2 = pad_rows(x.reshape(-1, self.in_features).to(self.dtype))
+            x2 = pad_rows(x2.to(self.dtype))
             if self.packed is not None:
                 y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "")
             else:
                 y = F.linear(x2, self.weight.to(self.dtype))
-            y = y[: lead.numel()].view(*lead, self.out_features)
-        y = y.float()
+            y = y[: lead.numel()].float()
+        y = y.view(*lead, self.out_features)
         return y if self.bias is None else y + self.bias
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:

@@ -81,15 +81,16 @@ class DecoderModel:
         if head is None and not c.tie_word_embeddings:
             raise ModelLoadError("checkpoint lacks lm_head.weight and does not tie embeddings")
         self.lm_head = self.embed if head is None else make_linear(head, None)
+        kernels = load_kernels()
         for linear in [linear for layer in self.layers for linear in layer.linears()]:
             if isinstance(linear, DenseLinear):
-                linear.prepack()
+                linear.prepack(kernels)
         if isinstance(self.lm_head, DenseLinear):
-            self.lm_head.as_head(load_kernels())  # float32 logits; a tied table keeps lookup()
+            self.lm_head.as_head(kernels)  # float32 logits; a tied table keeps lookup()
         if weights:
             raise ModelLoadError(f"checkpoint has unexpected tensors, e.g. {sorted(weights)[:3]}")
         self.attention = CachedAttention(scale=c.head_dim ** -0.5)
-        self.ops = LayerOps(load_kernels())
+        self.ops = LayerOps(kernels)
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
 
     def projections(self):

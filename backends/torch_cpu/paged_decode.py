@@ -17,11 +17,10 @@ from qwen_serve.kv.naive import NaiveKVCache
 from qwen_serve.kv.paged import PagedKVCache
 from qwen_serve.protocols import KVCache, StepBatch
 
-from .kv_storage import TorchKVStorage
+from .kv_storage import KERNEL_DTYPES, TorchKVStorage
 from .native import Kernels, load_kernels
 
 IN_PLACE_CACHES = (PagedKVCache, NaiveKVCache)
-KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass
@@ -34,9 +33,10 @@ class PagedDecode:
     kernels: Kernels
 
     def attend(self, layer: int, queries: torch.Tensor, scale: float) -> torch.Tensor:
-        """queries [B, H, D] float32 -> [B, H, D]."""
+        """queries [B, H, D] float32, rows at a stride (the q columns of the merged q/k/v output)
+        -> [B, H, D]."""
         return self.kernels.ops.paged_decode_avx512(
-            queries.float().contiguous(), self.storage.keys[layer], self.storage.values[layer],
+            queries, self.storage.keys[layer], self.storage.values[layer],
             self.block_tables, self.lengths, self.storage.block_size, scale)
 
 

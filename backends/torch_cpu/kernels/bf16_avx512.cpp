@@ -1,9 +1,11 @@
-// bfloat16 weights times float32 x with float32 results (AVX512-BF16): for the lm_head, whose
-// logits must stay float32 (rounded to bf16, the top two logits of SmolLM2 tied), and which is
-// the largest matrix a bf16 model reads per token. Weight layout [blocks, K/2, 16 rows, 2].
+// bfloat16 weights times float32 x with float32 results (AVX512-BF16), weight layout [blocks,
+// K/2, 16 rows, 2]: every bf16 linear on CPUs without AMX, and the lm_head everywhere, whose
+// logits must stay float32 (rounded to bf16, the top two logits of SmolLM2 tied). x is rounded to
+// bf16 here, so the caller needs no conversion around the call, and y is not rounded at all.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "common.h"
@@ -15,27 +17,51 @@ namespace qs {
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
 namespace {
 
-template <int MT>
+// NB consecutive blocks (16 * NB outputs) for MT rows of x: each broadcast of x feeds NB
+// multiply-adds and the NB * MT accumulators are independent chains. With one block per tile the
+// kernel waited on vdpbf16ps's latency: 4 Qwen3-0.6B layers at 8 rows took 9.1 ms, 5.2 with three
+// (benchmarks/bench_linears.py, Zen 5).
+template <int NB, int MT>
 void bf16b_tile(const uint32_t* xpairs, int64_t K, const uint16_t* block, float* y, int64_t N, int64_t n0) {
-  __m512 acc[MT];
-  for (int m = 0; m < MT; m++) acc[m] = _mm512_setzero_ps();
+  __m512 acc[NB][MT];
+  for (int j = 0; j < NB; j++)
+    for (int m = 0; m < MT; m++) acc[j][m] = _mm512_setzero_ps();
   for (int64_t p = 0; p < K / 2; p++) {
-    const __m512bh w = (__m512bh)_mm512_loadu_si512(block + p * 32);
-    for (int m = 0; m < MT; m++)
-      acc[m] = _mm512_dpbf16_ps(acc[m], w, (__m512bh)_mm512_set1_epi32(xpairs[m * (K / 2) + p]));
+    __m512bh w[NB];
+    for (int j = 0; j < NB; j++) w[j] = (__m512bh)_mm512_loadu_si512(block + j * K * 16 + p * 32);
+    for (int m = 0; m < MT; m++) {
+      const __m512bh xm = (__m512bh)_mm512_set1_epi32(xpairs[m * (K / 2) + p]);
+      for (int j = 0; j < NB; j++) acc[j][m] = _mm512_dpbf16_ps(acc[j][m], w[j], xm);
+    }
   }
-  const __mmask16 keep = N - n0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (N - n0)) - 1);
-  for (int m = 0; m < MT; m++) _mm512_mask_storeu_ps(y + m * N + n0, keep, acc[m]);
+  for (int j = 0; j < NB; j++) {
+    const int64_t left = N - n0 - 16 * j;
+    const __mmask16 keep = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    for (int m = 0; m < MT; m++) _mm512_mask_storeu_ps(y + m * N + n0 + 16 * j, keep, acc[j][m]);
+  }
 }
+
+// Blocks in panels of about PANEL_BYTES of weights (whole groups of 3): each tile of 8 rows of x
+// runs over a panel while the panel stays in L2, so x is read once per panel, not per group.
+constexpr int64_t PANEL_BYTES = 256 << 10;
 
 void bf16b_range(const uint32_t* xpairs, int64_t M, int64_t K, const uint16_t* codes, float* y, int64_t N,
                  int64_t b_begin, int64_t b_end) {
-  for (int64_t b = b_begin; b < b_end; b++) {
-    const uint16_t* block = codes + b * K * 16;
+  const int64_t panel = std::max<int64_t>(1, PANEL_BYTES / (K * 16 * 2 * 3)) * 3;
+  for (int64_t p0 = b_begin; p0 < b_end; p0 += panel) {
+    const int64_t p1 = std::min(b_end, p0 + panel);
     for (int64_t m0 = 0; m0 < M; m0 += 8) {
       const uint32_t* xm = xpairs + m0 * (K / 2);
       float* ym = y + m0 * N;
-      with_count_1_to_8(M - m0, [&](auto rows) { bf16b_tile<decltype(rows)::value>(xm, K, block, ym, N, b * 16); });
+      with_count_1_to_8(M - m0, [&](auto rows) {
+        constexpr int MT = decltype(rows)::value;
+        for (int64_t b = p0; b < p1; b += 3) {
+          const uint16_t* block = codes + b * K * 16;
+          if (b + 2 < p1) bf16b_tile<3, MT>(xm, K, block, ym, N, b * 16);
+          else if (b + 1 < p1) bf16b_tile<2, MT>(xm, K, block, ym, N, b * 16);
+          else bf16b_tile<1, MT>(xm, K, block, ym, N, b * 16);
+        }
+      });
     }
   }
 }
@@ -59,7 +85,7 @@ void bf16b_matmul_avx512(const float* x, int64_t M, int64_t K, const uint16_t* c
   std::vector<uint16_t> xb(M * K);
   round_to_bf16(x, M * K, xb.data());
   const uint32_t* pairs = reinterpret_cast<const uint32_t*>(xb.data());
-  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t b, int64_t e) { bf16b_range(pairs, M, K, codes, y, N, b, e); });
+  at::parallel_for(0, (N + 15) / 16, 3, [&](int64_t b, int64_t e) { bf16b_range(pairs, M, K, codes, y, N, b, e); });
 }
 
 }  // namespace qs

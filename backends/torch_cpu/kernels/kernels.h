@@ -26,10 +26,15 @@ void q8b_matmul_vnni8(const float* x, int64_t M, int64_t K, const int8_t* codes,
                       float* y);
 
 // Decode attention over a paged KV cache, read in place through the block tables (AVX-512).
-// kv_bf16: the caches hold bfloat16 (as uint16), else float32.
-void paged_decode_avx512(const float* q, int64_t B, int64_t H, int64_t D, const void* key_cache,
+// kv_bf16: the caches hold bfloat16 (as uint16), else float32. q [B, H, D] has rows q_stride apart.
+void paged_decode_avx512(const float* q, int64_t q_stride, int64_t B, int64_t H, int64_t D, const void* key_cache,
                          const void* value_cache, bool kv_bf16, int64_t Hkv, const int64_t* block_tables,
                          int64_t max_blocks, const int64_t* lengths, int64_t block_size, float scale, float* out);
+
+// keys, values [T, n] float32 at row strides of their own into rows slots[t] of float32 or
+// bfloat16 caches [slots, n] (kv_write.cpp).
+void kv_write(const float* keys, const float* values, int64_t T, int64_t key_stride, int64_t value_stride, int64_t n,
+              const int64_t* slots, void* key_cache, void* value_cache, bool bf16);
 
 }  // namespace qs
 

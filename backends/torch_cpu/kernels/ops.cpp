@@ -103,11 +103,28 @@ at::Tensor bf16b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, int
   return y;
 }
 
+void check_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() >= 1, name, " must be contiguous float32");
+}
+
+// Rows at a stride of their own, each row's elements contiguous and no two rows overlapping: a
+// column slice of a [T, n] matrix (viewed as [T, n] or [T, heads, D]).
+void check_strided_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 2, name, " must be float32 rows");
+  int64_t row = 1;
+  for (int64_t d = x.dim() - 1; d >= 1; d--) {
+    TORCH_CHECK(x.size(d) == 1 || x.stride(d) == row, name, "'s rows must each be contiguous");
+    row *= x.size(d);
+  }
+  TORCH_CHECK(x.size(0) <= 1 || x.stride(0) >= row, name, "'s rows must not overlap");
+}
+
 at::Tensor paged_decode_avx512(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                                const at::Tensor& block_tables, const at::Tensor& lengths, int64_t block_size,
                                double scale) {
   require("avx512f", __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"));
-  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be contiguous float32 [B, H, D]");
+  check_strided_rows(q, "q");  // the q columns of the merged q/k/v output do
+  TORCH_CHECK(q.dim() == 3, "q must be [B, H, D]");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
   TORCH_CHECK(key_cache.dim() == 3 && key_cache.sizes() == value_cache.sizes() && key_cache.is_contiguous() &&
                   value_cache.is_contiguous() && key_cache.scalar_type() == value_cache.scalar_type(),
@@ -128,26 +145,31 @@ at::Tensor paged_decode_avx512(const at::Tensor& q, const at::Tensor& key_cache,
       TORCH_CHECK(table[b * max_blocks + i] >= 0 && (table[b * max_blocks + i] + 1) * block_size <= slots,
                   "block ", table[b * max_blocks + i], " is outside the cache");
   }
-  at::Tensor out = at::empty_like(q);
-  qs::paged_decode_avx512(q.data_ptr<float>(), B, H, D, key_cache.data_ptr(), value_cache.data_ptr(), bf16, Hkv, table,
+  at::Tensor out = at::empty({B, H, D}, q.options());
+  qs::paged_decode_avx512(q.data_ptr<float>(), q.stride(0), B, H, D, key_cache.data_ptr(), value_cache.data_ptr(), bf16, Hkv, table,
                           max_blocks, len, block_size, static_cast<float>(scale), out.data_ptr<float>());
   return out;
 }
 
-void check_rows(const at::Tensor& x, const char* name) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() >= 1, name, " must be contiguous float32");
-}
-
-// Rows at a stride of their own, each row's elements contiguous and no two rows overlapping: a
-// column slice of a [T, n] matrix (viewed as [T, n] or [T, heads, D]).
-void check_strided_rows(const at::Tensor& x, const char* name) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() >= 2, name, " must be float32 rows");
-  int64_t row = 1;
-  for (int64_t d = x.dim() - 1; d >= 1; d--) {
-    TORCH_CHECK(x.size(d) == 1 || x.stride(d) == row, name, "'s rows must each be contiguous");
-    row *= x.size(d);
-  }
-  TORCH_CHECK(x.size(0) <= 1 || x.stride(0) >= row, name, "'s rows must not overlap");
+// keys, values [T, Hkv, D] float32 (rows at a stride) into slots [T] of caches [slots, Hkv, D].
+void kv_write_(at::Tensor key_cache, at::Tensor value_cache, const at::Tensor& slots, const at::Tensor& keys,
+               const at::Tensor& values) {
+  check_strided_rows(keys, "keys");
+  check_strided_rows(values, "values");
+  TORCH_CHECK(key_cache.dim() == 3 && key_cache.sizes() == value_cache.sizes() && key_cache.is_contiguous() &&
+                  value_cache.is_contiguous() && key_cache.scalar_type() == value_cache.scalar_type(),
+              "caches must be contiguous [slots, kv heads, D] of one dtype");
+  const bool bf16 = key_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(bf16 || key_cache.scalar_type() == at::kFloat, "caches must be float32 or bfloat16");
+  const int64_t T = keys.size(0), n = key_cache.size(1) * key_cache.size(2);
+  TORCH_CHECK(keys.sizes() == values.sizes() && keys.numel() == T * n, "keys and values must be [T, kv heads, D] as the cache");
+  TORCH_CHECK(slots.dim() == 1 && slots.numel() == T && slots.scalar_type() == at::kLong && slots.is_contiguous(),
+              "slots must be int64 [T]");
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; t++)
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < key_cache.size(0), "slot ", slot[t], " is outside the cache");
+  qs::kv_write(keys.data_ptr<float>(), values.data_ptr<float>(), T, keys.stride(0), values.stride(0), n, slot,
+               key_cache.data_ptr(), value_cache.data_ptr(), bf16);
 }
 
 void check_weight(const at::Tensor& w, int64_t n) {
@@ -215,6 +237,7 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("q4b_matmul_avx512", &q4b_matmul_avx512);
   m.def("q8b_matmul_avx512", &q8b_matmul_avx512);
   m.def("paged_decode_avx512", &paged_decode_avx512);
+  m.def("kv_write_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slots, Tensor keys, Tensor values) -> ()", &kv_write_);
   m.def("bf16b_matmul_avx512", &bf16b_matmul_avx512);
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm_(Tensor(a!) hidden, Tensor delta, Tensor weight, float eps) -> Tensor", &add_rms_norm_);

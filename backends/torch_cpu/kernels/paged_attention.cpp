@@ -144,7 +144,7 @@ void attend(const float* q, int64_t G, int64_t D, const KV* keys, const KV* valu
 }
 
 template <typename KV>
-void decode_tasks(const float* q, int64_t H, int64_t D, const KV* key_cache, const KV* value_cache, int64_t Hkv,
+void decode_tasks(const float* q, int64_t q_stride, int64_t H, int64_t D, const KV* key_cache, const KV* value_cache, int64_t Hkv,
                   const int64_t* block_tables, int64_t max_blocks, const int64_t* lengths, int64_t block_size,
                   float scale, float* out, int64_t task_begin, int64_t task_end) {
   const int64_t G = H / Hkv;
@@ -152,7 +152,7 @@ void decode_tasks(const float* q, int64_t H, int64_t D, const KV* key_cache, con
   for (int64_t task = task_begin; task < task_end; task++) {
     const int64_t b = task / Hkv, kvh = task % Hkv, head = b * H + kvh * G;
     scores.resize(G * lengths[b]);
-    attend<KV>(q + head * D, G, D, key_cache + kvh * D, value_cache + kvh * D, Hkv * D, block_tables + b * max_blocks,
+    attend<KV>(q + b * q_stride + kvh * G * D, G, D, key_cache + kvh * D, value_cache + kvh * D, Hkv * D, block_tables + b * max_blocks,
                lengths[b], block_size, scale, out + head * D, scores.data());
   }
 }
@@ -160,15 +160,15 @@ void decode_tasks(const float* q, int64_t H, int64_t D, const KV* key_cache, con
 }  // namespace
 #pragma GCC pop_options
 
-void paged_decode_avx512(const float* q, int64_t B, int64_t H, int64_t D, const void* key_cache,
+void paged_decode_avx512(const float* q, int64_t q_stride, int64_t B, int64_t H, int64_t D, const void* key_cache,
                          const void* value_cache, bool kv_bf16, int64_t Hkv, const int64_t* block_tables,
                          int64_t max_blocks, const int64_t* lengths, int64_t block_size, float scale, float* out) {
   at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
     if (kv_bf16)
-      decode_tasks(q, H, D, static_cast<const uint16_t*>(key_cache), static_cast<const uint16_t*>(value_cache), Hkv,
+      decode_tasks(q, q_stride, H, D, static_cast<const uint16_t*>(key_cache), static_cast<const uint16_t*>(value_cache), Hkv,
                    block_tables, max_blocks, lengths, block_size, scale, out, begin, end);
     else
-      decode_tasks(q, H, D, static_cast<const float*>(key_cache), static_cast<const float*>(value_cache), Hkv,
+      decode_tasks(q, q_stride, H, D, static_cast<const float*>(key_cache), static_cast<const float*>(value_cache), Hkv,
                    block_tables, max_blocks, lengths, block_size, scale, out, begin, end);
   });
 }

@@ -92,6 +92,7 @@ class DecoderModel:
         self.attention = CachedAttention(scale=c.head_dim ** -0.5)
         self.ops = LayerOps(kernels)
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
+        self._rope_table = (torch.empty(0, c.head_dim), torch.empty(0, c.head_dim))
 
     def projections(self):
         """Calibratable.projections: a merged layer's parts share its input, so each part's name
@@ -143,6 +144,12 @@ class DecoderModel:
         return layer.o_proj(out.reshape(T, c.num_heads * c.head_dim))
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos(), emb.sin()
+        """cos and sin [T, head_dim] at the positions: rows of a table of every position below the
+        highest seen, rounded up to 4,096 (4 MiB for Qwen3's head_dim). Computed per step (a cos
+        and a sin of a few elements) they took 3.5% of a single-stream int4 step (py-spy)."""
+        top = int(positions.max()) + 1 if positions.numel() else 0
+        if top > self._rope_table[0].shape[0]:
+            freqs = torch.arange(-(-top // 4096) * 4096).float()[:, None] * self.inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._rope_table = (emb.cos(), emb.sin())
+        return tuple(t.index_select(0, positions) for t in self._rope_table)

@@ -7,10 +7,11 @@ at every batch size on a Zen 5 and 1.6x for bfloat16 at decode sizes (``python
 benchmarks/bench_linears.py``). bfloat16 weights are multiplied in bfloat16 (float32
 accumulation) where the CPU does that natively (AVX512-BF16 or AMX); elsewhere bf16 matmul runs
 ~100x slower than float32, so there they are upcast per call and bf16 only saves memory.
-On a Zen 5 without AMX the blocked kernel (kernels/bf16_avx512.cpp) took float32 x and gave float32
-y with no conversion around the call, and beat prepacked oneDNN at 1-16 rows (1.5-1.7x at one row,
-4 Qwen3-0.6B layers) and came within 3% of it at 64-512, so there it takes every call; AMX
-CPUs, whose bf16 GEMM is several times faster at prefill (unmeasured here), keep oneDNN.
+On a Zen 4 EPYC without AMX the blocked kernel (kernels/bf16_avx512.cpp) took float32 x and
+gave float32 y with no conversion around the call, and beat prepacked oneDNN at 1-16 rows
+(1.5-1.7x at one row, 4 Qwen3-0.6B layers) and came within 3% of it at 64-512, so there it takes
+every call; AMX CPUs, whose bf16 GEMM is several times faster at prefill (unmeasured here), keep
+oneDNN.
 Outputs are float32 either way: the residual stream, norms and softmax stay float32. The layer
 that gives logits (as_head) multiplies with float32 results: rounded to bf16, SmolLM2's two most
 likely first tokens for "What is the capital of France?" tied and argmax took the wrong one. There a

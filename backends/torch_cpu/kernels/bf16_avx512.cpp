@@ -20,7 +20,7 @@ namespace {
 // NB consecutive blocks (16 * NB outputs) for MT rows of x: each broadcast of x feeds NB
 // multiply-adds and the NB * MT accumulators are independent chains. With one block per tile the
 // kernel waited on vdpbf16ps's latency: 4 Qwen3-0.6B layers at 8 rows took 9.1 ms, 5.2 with three
-// (benchmarks/bench_linears.py, Zen 5).
+// (benchmarks/bench_linears.py, Zen 4).
 template <int NB, int MT>
 void bf16b_tile(const uint32_t* xpairs, int64_t K, const uint16_t* block, float* y, int64_t N, int64_t n0) {
   __m512 acc[NB][MT];

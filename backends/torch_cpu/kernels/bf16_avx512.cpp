@@ -71,11 +71,7 @@ void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
   int64_t i = 0;
   for (; i + 32 <= n; i += 32)
     _mm512_storeu_si512(out + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i)));
-  for (; i < n; i++) {  // the same rounding in integers (x is finite)
-    uint32_t bits;
-    __builtin_memcpy(&bits, x + i, 4);
-    out[i] = static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-  }
+  for (; i < n; i++) out[i] = bf16_bits(x[i]);  // the same rounding in integers
 }
 
 }  // namespace

@@ -45,6 +45,15 @@ QS_INLINE void with_count_1_to_8(int64_t n, F&& f) {
   }
 }
 
+// float32 -> bfloat16 bits, rounded to nearest even as torch's .to(torch.bfloat16) and
+// vcvtneps2bf16 do (a NaN stays a NaN).
+inline uint16_t bf16_bits(float f) {
+  if (f != f) return 0x7FC0;
+  uint32_t bits;
+  __builtin_memcpy(&bits, &f, 4);
+  return static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
 // One group of 64 activations as 4 vectors; returns its largest magnitude, its sum into *sum
 // (what every int16 / int8 activation quantizer starts from).
 QS_AVX512 inline float load_group_avx512(const float* xg, __m512 v[4], float* sum) {

@@ -1,21 +1,13 @@
 // A step's new keys and values into their cache slots in one call: the k and v columns of the
 // merged q/k/v output are read where they lie (rows at a stride) and rounded to the cache's
 // dtype on the way, where torch took a copy, a conversion and an index_copy for each of them.
-#include <cmath>
 #include <cstring>
 
+#include "common.h"
 #include "kernels.h"
 
 namespace qs {
 namespace {
-
-// float32 -> bfloat16, round to nearest even (what torch's .to(torch.bfloat16) does).
-inline uint16_t to_bf16(float f) {
-  if (std::isnan(f)) return 0x7FC0;
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-}
 
 void write_rows(const float* src, int64_t T, int64_t src_stride, int64_t n, const int64_t* slots, void* cache,
                 bool bf16) {
@@ -23,7 +15,7 @@ void write_rows(const float* src, int64_t T, int64_t src_stride, int64_t n, cons
     const float* row = src + t * src_stride;
     if (bf16) {
       uint16_t* dst = static_cast<uint16_t*>(cache) + slots[t] * n;
-      for (int64_t i = 0; i < n; i++) dst[i] = to_bf16(row[i]);
+      for (int64_t i = 0; i < n; i++) dst[i] = bf16_bits(row[i]);
     } else {
       std::memcpy(static_cast<float*>(cache) + slots[t] * n, row, n * sizeof(float));
     }

@@ -119,6 +119,17 @@ void check_strided_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.size(0) <= 1 || x.stride(0) >= row, name, "'s rows must not overlap");
 }
 
+// One layer of the backend's KV storage: contiguous [slots, kv heads, D], float32 or bfloat16.
+// Returns whether it is bfloat16.
+bool check_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
+  TORCH_CHECK(key_cache.dim() == 3 && key_cache.sizes() == value_cache.sizes() && key_cache.is_contiguous() &&
+                  value_cache.is_contiguous() && key_cache.scalar_type() == value_cache.scalar_type(),
+              "caches must be contiguous [slots, kv heads, D] of one dtype");
+  const bool bf16 = key_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(bf16 || key_cache.scalar_type() == at::kFloat, "caches must be float32 or bfloat16");
+  return bf16;
+}
+
 at::Tensor paged_decode_avx512(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                                const at::Tensor& block_tables, const at::Tensor& lengths, int64_t block_size,
                                double scale) {
@@ -126,11 +137,7 @@ at::Tensor paged_decode_avx512(const at::Tensor& q, const at::Tensor& key_cache,
   check_strided_rows(q, "q");  // the q columns of the merged q/k/v output do
   TORCH_CHECK(q.dim() == 3, "q must be [B, H, D]");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
-  TORCH_CHECK(key_cache.dim() == 3 && key_cache.sizes() == value_cache.sizes() && key_cache.is_contiguous() &&
-                  value_cache.is_contiguous() && key_cache.scalar_type() == value_cache.scalar_type(),
-              "caches must be contiguous [slots, kv heads, D] of one dtype");
-  const bool bf16 = key_cache.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(bf16 || key_cache.scalar_type() == at::kFloat, "caches must be float32 or bfloat16");
+  const bool bf16 = check_caches(key_cache, value_cache);
   const int64_t Hkv = key_cache.size(1);
   TORCH_CHECK(key_cache.size(2) == D && D % 16 == 0 && H % Hkv == 0, "head sizes do not fit (D a multiple of 16)");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == B && block_tables.scalar_type() == at::kLong &&
@@ -156,11 +163,7 @@ void kv_write_(at::Tensor key_cache, at::Tensor value_cache, const at::Tensor& s
                const at::Tensor& values) {
   check_strided_rows(keys, "keys");
   check_strided_rows(values, "values");
-  TORCH_CHECK(key_cache.dim() == 3 && key_cache.sizes() == value_cache.sizes() && key_cache.is_contiguous() &&
-                  value_cache.is_contiguous() && key_cache.scalar_type() == value_cache.scalar_type(),
-              "caches must be contiguous [slots, kv heads, D] of one dtype");
-  const bool bf16 = key_cache.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(bf16 || key_cache.scalar_type() == at::kFloat, "caches must be float32 or bfloat16");
+  const bool bf16 = check_caches(key_cache, value_cache);
   const int64_t T = keys.size(0), n = key_cache.size(1) * key_cache.size(2);
   TORCH_CHECK(keys.sizes() == values.sizes() && keys.numel() == T * n, "keys and values must be [T, kv heads, D] as the cache");
   TORCH_CHECK(slots.dim() == 1 && slots.numel() == T && slots.scalar_type() == at::kLong && slots.is_contiguous(),

@@ -217,6 +217,7 @@ from qwen_serve.backends.torch_cpu.linear import DenseLinear  # noqa: E402
 from qwen_serve.errors import ModelLoadError  # noqa: E402
 from qwen_serve.models.checkpoint import load_checkpoint  # noqa: E402
 
+
 def test_int4_load_quantizes_projections_and_keeps_one_int8_table(qwen3_tiny):
     model = TorchBackend().load_model(load_checkpoint(qwen3_tiny), "float32", "int4")
     assert all(isinstance(linear, Int4Linear) for layer in model.layers for linear in layer.linears())

@@ -118,8 +118,7 @@ def test_greedy_rows_see_the_adjustment():
 
 
 def test_mlx_applies_the_same_adjustment_as_torch():
-    import mlx.core as mx
-
+    from qwen_serve.backends.mlx.mx import mx
     from qwen_serve.backends.mlx.sampler import apply_adjustment as mlx_apply
 
     rng = np.random.default_rng(1)
@@ -140,8 +139,7 @@ def test_mlx_applies_the_same_adjustment_as_torch():
 
 
 def test_mlx_min_p_draws_only_kept_tokens():
-    import mlx.core as mx
-
+    from qwen_serve.backends.mlx.mx import mx
     from qwen_serve.backends.mlx.sampler import MLXSampler
 
     sampler = MLXSampler()

@@ -1,13 +1,15 @@
 """The MLX backend (issue 6) against the torch backend and transformers.
 
-mlx[cpu] runs these on Linux: correct and slow (its BLAS is the reference one), so prompts stay
-short. Without mlx every test here fails with the install hint: CI installs the extra, and a
+mlx[cpu] runs these on Linux: correct and slow (OpenBLAS for float32 matmuls, MLX's own CPU code
+for the rest), so prompts stay short. Without mlx every test here fails with the install hint: CI installs the extra, and a
 silent skip would hide a backend that never ran.
 """
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 import threading
 
@@ -139,9 +141,8 @@ def test_logprobs_match_the_torch_backend(qwen3_tiny, tiny_mlx):
 
 # --- KV storage and int4 ----------------------------------------------------------------------
 def test_kv_storage_grows_in_slabs_and_moves_exact_data():
-    import mlx.core as mx
-
     from qwen_serve.backends.mlx.kv_storage import MLXKVStorage
+    from qwen_serve.backends.mlx.mx import mx
 
     storage = MLXKVStorage(num_layers=2, num_kv_heads=2, head_dim=4, dtype=mx.float32,
                            block_size=4, slab_blocks=3, max_blocks=8)
@@ -164,9 +165,8 @@ def test_kv_storage_grows_in_slabs_and_moves_exact_data():
 
 
 def test_int4_linear_is_the_canonical_format_through_mlx_kernels():
-    import mlx.core as mx
-
     from qwen_serve.backends.mlx.linear import QuantizedLinear
+    from qwen_serve.backends.mlx.mx import mx
     from qwen_serve.quant import int4
 
     rng = np.random.default_rng(0)
@@ -183,10 +183,10 @@ def test_int4_linear_is_the_canonical_format_through_mlx_kernels():
 def test_int4_model_follows_its_dequantized_weights(qwen3_tiny, tmp_path):
     """Greedy int4 output equals transformers running the dequantized weights: the canonical
     int4 projections (without calibration) and MLX's int8 embedding table."""
-    import mlx.core as mx
     import torch
     from safetensors.torch import load_file, save_file
 
+    from qwen_serve.backends.mlx.mx import mx
     from qwen_serve.quant import int4
 
     dequantized = tmp_path / "dequantized"
@@ -207,6 +207,36 @@ def test_int4_model_follows_its_dequantized_weights(qwen3_tiny, tmp_path):
     out = llm.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True))[0]
     assert out.token_ids == hf_greedy(dequantized, prompt, 16)
     assert llm.parts.executor.weight_bytes() < LLM(str(qwen3_tiny), backend="mlx").parts.executor.weight_bytes() / 3
+
+
+# --- BLAS ------------------------------------------------------------------------------------
+@pytest.mark.skipif(sys.platform != "linux", reason="the OpenBLAS binding is for mlx[cpu] on Linux")
+def test_float32_matmuls_run_through_openblas_and_agree_with_numpy():
+    from qwen_serve.backends.mlx.blas import sgemm_calls
+    from qwen_serve.backends.mlx.mx import BLAS, mx
+
+    assert BLAS.startswith("OpenBLAS"), BLAS
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((37, 200), dtype=np.float32), rng.standard_normal((200, 61), dtype=np.float32)
+    before = sgemm_calls()
+    product = np.array(mx.array(a) @ mx.array(np.ascontiguousarray(b.T)).T)  # [out, in].T, as DenseLinear
+    assert sgemm_calls() > before
+    np.testing.assert_allclose(product, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the OpenBLAS binding is for mlx[cpu] on Linux")
+def test_the_reference_blas_can_be_kept_and_check_3_then_expects_serial_batches():
+    """QWEN_SERVE_MLX_BLAS=reference keeps mlx[cpu]'s own BLAS (a fresh process: the binding is
+    made once, when mlx.core loads), and the backend then declares that batches run serially."""
+    script = ("from qwen_serve.backends.mlx.backend import MLXBackend; from qwen_serve.backends.mlx.blas import "
+              "sgemm_calls; print(MLXBackend.blas, '|', MLXBackend.serial_compute is not None, '|', sgemm_calls())")
+    kept = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                          env={**os.environ, "QWEN_SERVE_MLX_BLAS": "reference"})
+    assert kept.stdout.split(" | ") == ["reference BLAS (bundled with mlx[cpu])", "True", "None\n"]
+    bound = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                           env={k: v for k, v in os.environ.items() if k != "QWEN_SERVE_MLX_BLAS"})
+    blas, serial, calls = bound.stdout.split(" | ")
+    assert blas.startswith("OpenBLAS") and serial == "False" and calls == "0\n"
 
 
 # --- plugin and server ------------------------------------------------------------------------

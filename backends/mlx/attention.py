@@ -3,10 +3,9 @@ one write and one gather per layer, then mx.fast.scaled_dot_product_attention on
 single-token chunks and once per prefill chunk."""
 from __future__ import annotations
 
-import mlx.core as mx
-
 from qwen_serve.protocols import KVCache
 
+from .mx import mx
 from .step_layout import StepLayout
 
 

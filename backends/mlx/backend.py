@@ -6,10 +6,8 @@ mx.quantized_matmul. Norms always stay float32.
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, Mapping
 
-import mlx.core as mx
 import numpy as np
 
 from qwen_serve.config import ModelConfig
@@ -17,9 +15,11 @@ from qwen_serve.errors import require_choice
 from qwen_serve.models.checkpoint import TABLE_NAMES, Checkpoint
 from qwen_serve.quant import int4
 
+from .blas import REFERENCE
 from .kv_storage import MLXKVStorage
 from .linear import DenseLinear, QuantizedLinear
 from .model import DecoderModel
+from .mx import BLAS, mx
 from .sampler import MLXSampler
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -33,9 +33,10 @@ def storage_dtype(name: str) -> mx.Dtype:
 class MLXBackend:
     name = "mlx"
     quantizations: tuple[str, ...] = ("none", "int4")
-    # Off Apple silicon, mlx[cpu] multiplies with a reference BLAS (~4 GFLOP/s measured here,
-    # torch 70-110), so a batch of 8 rows costs about what 8 single rows do (conformance check 3).
-    serial_compute = None if sys.platform == "darwin" else (
+    blas = BLAS  # which BLAS mlx.core multiplies float32 with (see blas.py)
+    # With mlx[cpu]'s bundled reference BLAS (~4 GFLOP/s measured here, torch 70-110) a batch of
+    # 8 rows costs about what 8 single rows do (conformance check 3).
+    serial_compute = None if BLAS != REFERENCE else (
         "mlx[cpu] off macOS multiplies with a reference BLAS: a batch costs about as much as its rows one at a time")
 
     def load_model(self, checkpoint: Checkpoint, dtype: str = "float32", quant: str = "none",

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import mlx.core as mx
 import numpy as np
 
 from qwen_serve.config import ModelConfig
@@ -20,6 +19,7 @@ from qwen_serve.quant.calibration import decoder_projections
 
 from .attention import CachedAttention
 from .linear import DenseLinear, Linear
+from .mx import mx
 from .step_layout import StepLayout, build_layout
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import mlx.core as mx
 import numpy as np
 
 from qwen_serve.engine.sampling_params import SamplingParams
 from qwen_serve.logits.adjustment import BatchAdjustment
 from qwen_serve.protocols import SampleResult
+
+from .mx import mx
 
 
 class RequestKey:

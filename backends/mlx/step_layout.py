@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import mlx.core as mx
 import numpy as np
 
 from qwen_serve.kv.window import visible_keys
 from qwen_serve.protocols import ScheduledChunk, SlidingWindow, StepBatch
+
+from .mx import mx
 
 
 @dataclass(frozen=True)

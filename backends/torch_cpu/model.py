@@ -22,7 +22,6 @@ from .native import load_kernels
 from .paged_decode import paged_decode_layout
 from .step_layout import StepLayout, build_layout
 
-
 QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import mlx.core as mx
-
+from qwen_serve.backends.mlx.mx import mx
 from qwen_serve.kv.memory import kv_bytes_per_token
 from qwen_serve.kv.slabs import SlabGrownStorage
 

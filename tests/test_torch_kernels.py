@@ -281,6 +281,40 @@ def test_greedy_with_in_place_attention_equals_the_gather_path(qwen3_tiny, monke
     assert in_place == gathered
 
 
+@needs_avx512
+@pytest.mark.parametrize("kv_cache", ["paged", "naive"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_decode_layers_give_the_bits_of_the_per_op_path(tmp_path_factory, monkeypatch, kv_cache, dtype):
+    """decode_layers_ (every layer of a decode-only int4 step in one call) against the same model
+    op by op: the same tokens and the same logprobs to the bit, at 1 and 3 decoding rows."""
+    from qwen_serve import LLM, SamplingParams
+    from qwen_serve.backends.torch_cpu.fused_decode import FusedDecode
+    from qwen_serve.conformance.models import Qwen3Geometry, make_qwen3_checkpoint
+
+    geometry = Qwen3Geometry(num_hidden_layers=3, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=64)  # widths the blocked int4 layout takes
+    path = make_qwen3_checkpoint(tmp_path_factory.mktemp("qwen3-int4-widths"), geometry, seed=3)
+    fused_llm, per_op_llm = (LLM(str(path), kv_cache=kv_cache, dtype=dtype, quant="int4", calibrate=False,
+                                 chunk_size=64) for _ in range(2))  # fresh caches: the same prefix hits
+    assert fused_llm.parts.executor.fused is not None
+    per_op_llm.parts.executor.fused = None
+    rows = []
+    real_call = FusedDecode.__call__
+    monkeypatch.setattr(FusedDecode, "__call__", lambda self, hidden, *rest: rows.append(hidden.shape[0]) or
+                        real_call(self, hidden, *rest))
+    params = SamplingParams(max_tokens=20, ignore_eos=True, logprobs=5)
+    encode = fused_llm.tokenizer.encode
+    prompt_sets = ([encode("Hello, world!")], [encode(t) for t in ("The quick brown fox " * 20, "One two", "Lorem ipsum")])
+
+    def run(llm) -> list:
+        return [[(o.token_ids, o.logprobs) for o in llm.generate(prompts, params)] for prompts in prompt_sets]
+
+    fused = run(fused_llm)
+    assert 1 in rows and 3 in rows  # single-stream and batched decode steps took the fused call
+    calls = len(rows)
+    assert run(per_op_llm) == fused and len(rows) == calls
+
+
 def test_a_build_killed_midway_does_not_block_the_next_one(tmp_path):
     # torch's lock file, left by a build that was killed, would make every later load wait forever.
     (tmp_path / "lock").touch()

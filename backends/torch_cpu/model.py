@@ -15,6 +15,7 @@ from qwen_serve.models.checkpoint import projection_weight_name
 from qwen_serve.protocols import KVCache, StepBatch
 
 from .attention import CachedAttention
+from .fused_decode import FusedDecode
 from .layer_ops import LayerOps
 from .linear import DenseLinear
 from .merged_linear import MergedLinear
@@ -90,6 +91,7 @@ class DecoderModel:
             raise ModelLoadError(f"checkpoint has unexpected tensors, e.g. {sorted(weights)[:3]}")
         self.attention = CachedAttention(scale=c.head_dim ** -0.5)
         self.ops = LayerOps(kernels)
+        self.fused = FusedDecode.for_layers(self.layers, kernels)  # None: every step goes op by op
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
         self._rope_table = (torch.empty(0, c.head_dim), torch.empty(0, c.head_dim))
 
@@ -121,14 +123,25 @@ class DecoderModel:
         cos, sin = self._rope(step.positions)
         ops, eps = self.ops, self.config.rms_norm_eps
         x = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
+        if self.fused is not None and self.fused.applies(self.layers, len(token_ids), step):
+            mlp = self.fused(hidden, x, cos, sin, step, self.config, self.attention.scale)  # hidden in place
+        else:
+            hidden, mlp = self._layers(hidden, x, cos, sin, cache, step)
+        last = hidden.index_select(0, step.sample_rows) + mlp.index_select(0, step.sample_rows)
+        return self.lm_head(ops.rms_norm(last, self.norm, eps))
+
+    def _layers(self, hidden: torch.Tensor, x: torch.Tensor, cos, sin, cache: KVCache,
+                step: StepLayout) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer, op by op -> the residual before the last layer's MLP and that MLP's output
+        (the last residual is added for the sampled rows only)."""
+        ops, eps = self.ops, self.config.rms_norm_eps
         for index, layer in enumerate(self.layers):
             hidden, x = ops.add_rms_norm(hidden, self._attention_block(index, layer, x, cos, sin, cache, step),
                                          layer.post_norm, eps)
             mlp = layer.down_proj(ops.silu_mul(*layer.gate_up(x)))
-            if index + 1 < len(self.layers):  # the last layer's residual is added for the sampled rows only
+            if index + 1 < len(self.layers):
                 hidden, x = ops.add_rms_norm(hidden, mlp, self.layers[index + 1].input_norm, eps)
-        last = hidden.index_select(0, step.sample_rows) + mlp.index_select(0, step.sample_rows)
-        return self.lm_head(ops.rms_norm(last, self.norm, eps))
+        return hidden, mlp
 
     def _attention_block(self, index: int, layer: Layer, x: torch.Tensor, cos, sin, cache: KVCache, step: StepLayout) -> torch.Tensor:
         c = self.config

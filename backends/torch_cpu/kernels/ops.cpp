@@ -56,16 +56,27 @@ at::Tensor permute_groups(const at::Tensor& x) {
   return xp;
 }
 
-at::Tensor q4b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
-                             const at::Tensor& zero, int64_t N, bool vnni) {
+void require_q4b(bool vnni) {
   require("avx512bw", __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"));
   if (vnni) require("avx512vnni", __builtin_cpu_supports("avx512vnni"));
+}
+
+// The blocked int4 layout of N output rows; returns K.
+int64_t check_q4b_weight(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero, int64_t N) {
   // codes [blocks, groups, 16, 16, 2] uint8; scale, zero [blocks, groups, 16] float16
-  TORCH_CHECK(codes.dim() == 5 && codes.size(2) == 16 && codes.size(3) == 16 && codes.is_contiguous(),
-              "codes must be the contiguous blocked int4 layout");
-  const int64_t K = codes.size(1) * 64;
-  TORCH_CHECK(codes.size(0) == (N + 15) / 16 && scale.numel() == codes.size(0) * codes.size(1) * 16,
+  TORCH_CHECK(codes.dim() == 5 && codes.size(2) == 16 && codes.size(3) == 16 && codes.is_contiguous() &&
+                  codes.scalar_type() == at::kByte, "codes must be the contiguous blocked int4 layout");
+  TORCH_CHECK(codes.size(0) == (N + 15) / 16 && scale.numel() == codes.size(0) * codes.size(1) * 16 &&
+                  zero.numel() == scale.numel() && scale.is_contiguous() && zero.is_contiguous() &&
+                  scale.element_size() == 2 && zero.element_size() == 2,
               "N does not match the blocks");
+  return codes.size(1) * 64;
+}
+
+at::Tensor q4b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                             const at::Tensor& zero, int64_t N, bool vnni) {
+  require_q4b(vnni);
+  const int64_t K = check_q4b_weight(codes, scale, zero, N);
   check_activations(x, K);
   at::Tensor y = at::empty({x.size(0), N}, x.options());
   qs::q4b_matmul_avx512(x.data_ptr<float>(), x.size(0), K, codes.data_ptr<uint8_t>(), half_bits(scale),
@@ -130,6 +141,33 @@ bool check_caches(const at::Tensor& key_cache, const at::Tensor& value_cache) {
   return bf16;
 }
 
+// B sequences' block tables [B, max_blocks] and lengths [B] (int64) over a cache of `slots` slots:
+// a bad table must be an error, never a read out of bounds.
+void check_block_tables(const at::Tensor& block_tables, const at::Tensor& lengths, int64_t B, int64_t block_size,
+                        int64_t slots) {
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == B && block_tables.scalar_type() == at::kLong &&
+                  block_tables.is_contiguous() && lengths.numel() == B && lengths.scalar_type() == at::kLong &&
+                  lengths.is_contiguous(),
+              "block_tables must be int64 [B, max_blocks] and lengths int64 [B]");
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  const int64_t* table = block_tables.data_ptr<int64_t>();
+  const int64_t max_blocks = block_tables.size(1);
+  for (int64_t b = 0; b < B; b++) {
+    TORCH_CHECK(len[b] > 0 && len[b] <= max_blocks * block_size, "sequence ", b, " has length ", len[b]);
+    for (int64_t i = 0; i < (len[b] + block_size - 1) / block_size; i++)
+      TORCH_CHECK(table[b * max_blocks + i] >= 0 && (table[b * max_blocks + i] + 1) * block_size <= slots,
+                  "block ", table[b * max_blocks + i], " is outside the cache");
+  }
+}
+
+void check_slots(const at::Tensor& slots, int64_t T, int64_t capacity) {
+  TORCH_CHECK(slots.dim() == 1 && slots.numel() == T && slots.scalar_type() == at::kLong && slots.is_contiguous(),
+              "slots must be int64 [T]");
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; t++)
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < capacity, "slot ", slot[t], " is outside the cache");
+}
+
 at::Tensor paged_decode_avx512(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
                                const at::Tensor& block_tables, const at::Tensor& lengths, int64_t block_size,
                                double scale) {
@@ -140,21 +178,11 @@ at::Tensor paged_decode_avx512(const at::Tensor& q, const at::Tensor& key_cache,
   const bool bf16 = check_caches(key_cache, value_cache);
   const int64_t Hkv = key_cache.size(1);
   TORCH_CHECK(key_cache.size(2) == D && D % 16 == 0 && H % Hkv == 0, "head sizes do not fit (D a multiple of 16)");
-  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == B && block_tables.scalar_type() == at::kLong &&
-                  block_tables.is_contiguous() && lengths.numel() == B && lengths.scalar_type() == at::kLong,
-              "block_tables must be int64 [B, max_blocks] and lengths int64 [B]");
-  const int64_t* len = lengths.data_ptr<int64_t>();
-  const int64_t* table = block_tables.data_ptr<int64_t>();
-  const int64_t slots = key_cache.size(0), max_blocks = block_tables.size(1);
-  for (int64_t b = 0; b < B; b++) {  // a bad table must be an error, never a read out of bounds
-    TORCH_CHECK(len[b] > 0 && len[b] <= max_blocks * block_size, "sequence ", b, " has length ", len[b]);
-    for (int64_t i = 0; i < (len[b] + block_size - 1) / block_size; i++)
-      TORCH_CHECK(table[b * max_blocks + i] >= 0 && (table[b * max_blocks + i] + 1) * block_size <= slots,
-                  "block ", table[b * max_blocks + i], " is outside the cache");
-  }
+  check_block_tables(block_tables, lengths, B, block_size, key_cache.size(0));
   at::Tensor out = at::empty({B, H, D}, q.options());
-  qs::paged_decode_avx512(q.data_ptr<float>(), q.stride(0), B, H, D, key_cache.data_ptr(), value_cache.data_ptr(), bf16, Hkv, table,
-                          max_blocks, len, block_size, static_cast<float>(scale), out.data_ptr<float>());
+  qs::paged_decode_avx512(q.data_ptr<float>(), q.stride(0), B, H, D, key_cache.data_ptr(), value_cache.data_ptr(), bf16, Hkv,
+                          block_tables.data_ptr<int64_t>(), block_tables.size(1), lengths.data_ptr<int64_t>(), block_size,
+                          static_cast<float>(scale), out.data_ptr<float>());
   return out;
 }
 
@@ -166,13 +194,9 @@ void kv_write_(at::Tensor key_cache, at::Tensor value_cache, const at::Tensor& s
   const bool bf16 = check_caches(key_cache, value_cache);
   const int64_t T = keys.size(0), n = key_cache.size(1) * key_cache.size(2);
   TORCH_CHECK(keys.sizes() == values.sizes() && keys.numel() == T * n, "keys and values must be [T, kv heads, D] as the cache");
-  TORCH_CHECK(slots.dim() == 1 && slots.numel() == T && slots.scalar_type() == at::kLong && slots.is_contiguous(),
-              "slots must be int64 [T]");
-  const int64_t* slot = slots.data_ptr<int64_t>();
-  for (int64_t t = 0; t < T; t++)
-    TORCH_CHECK(slot[t] >= 0 && slot[t] < key_cache.size(0), "slot ", slot[t], " is outside the cache");
-  qs::kv_write(keys.data_ptr<float>(), values.data_ptr<float>(), T, keys.stride(0), values.stride(0), n, slot,
-               key_cache.data_ptr(), value_cache.data_ptr(), bf16);
+  check_slots(slots, T, key_cache.size(0));
+  qs::kv_write(keys.data_ptr<float>(), values.data_ptr<float>(), T, keys.stride(0), values.stride(0), n,
+               slots.data_ptr<int64_t>(), key_cache.data_ptr(), value_cache.data_ptr(), bf16);
 }
 
 void check_weight(const at::Tensor& w, int64_t n) {
@@ -230,6 +254,92 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   return y;
 }
 
+// Every decoder layer of a decode-only step in one call, for int4 projections on the blocked
+// layout and the backend's own paged KV storage (the configuration of single-stream decode).
+// The same kernels in the same order as the per-op path of model.py, so the result is the same
+// to the bit; what goes is the Python and the dispatch around ~11 calls per layer (about a
+// seventh of a single-stream Qwen3-0.6B step, py-spy). weights holds 16 tensors per layer:
+//   input_norm, qkv codes/scale/zero, q_norm, k_norm, o codes/scale/zero, post_norm,
+//   gate_up codes/scale/zero, down codes/scale/zero
+// (q_norm, k_norm: empty tensors for a model without them). hidden [T, E] is the residual
+// stream, x = rms_norm(hidden) by the first layer's input norm; on return hidden holds the
+// residual before the last layer's MLP, which is returned (model.py adds it for sampled rows).
+constexpr int64_t PER_LAYER = 16;
+
+at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::TensorList weights, at::TensorList key_caches,
+                          at::TensorList value_caches, const at::Tensor& cos, const at::Tensor& sin,
+                          const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& lengths,
+                          int64_t block_size, int64_t heads, int64_t kv_heads, double eps, double scale, bool vnni) {
+  require_q4b(vnni);
+  require("avx512f", __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"));
+  const int64_t L = static_cast<int64_t>(key_caches.size());
+  TORCH_CHECK(L > 0 && static_cast<int64_t>(weights.size()) == L * PER_LAYER && value_caches.size() == key_caches.size(),
+              "weights must hold ", PER_LAYER, " tensors per layer, one key and value cache per layer");
+  check_rows(hidden, "hidden");
+  check_rows(x0, "x");
+  TORCH_CHECK(hidden.dim() == 2 && x0.sizes() == hidden.sizes(), "hidden and x must be [T, E] alike");
+  const int64_t T = hidden.size(0), E = hidden.size(1);
+  check_rows(cos, "cos");
+  check_rows(sin, "sin");
+  const int64_t D = cos.size(-1);
+  TORCH_CHECK(cos.numel() == T * D && sin.numel() == T * D && D % 16 == 0, "cos and sin must be [T, D], D a multiple of 16");
+  TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv heads");
+  const int64_t n_q = heads * D, n_kv = kv_heads * D, n_qkv = n_q + 2 * n_kv;
+  const int64_t inter = weights[13].size(1) * 64;  // the down projection's input width
+  for (int64_t l = 0; l < L; l++) {
+    const at::Tensor* w = weights.data() + l * PER_LAYER;
+    check_weight(w[0], E);
+    TORCH_CHECK(check_q4b_weight(w[1], w[2], w[3], n_qkv) == E, "layer ", l, ": q/k/v weights do not fit");
+    TORCH_CHECK(w[4].numel() == 0 || w[4].numel() == D, "layer ", l, ": q_norm must be [D] or empty");
+    TORCH_CHECK(w[5].numel() == w[4].numel(), "layer ", l, ": k_norm must be as q_norm");
+    if (w[4].numel()) check_weight(w[4], D), check_weight(w[5], D);
+    TORCH_CHECK(check_q4b_weight(w[6], w[7], w[8], E) == n_q, "layer ", l, ": o_proj does not fit");
+    check_weight(w[9], E);
+    TORCH_CHECK(check_q4b_weight(w[10], w[11], w[12], 2 * inter) == E, "layer ", l, ": gate/up do not fit");
+    TORCH_CHECK(check_q4b_weight(w[13], w[14], w[15], E) == inter, "layer ", l, ": down_proj does not fit");
+    TORCH_CHECK(check_caches(key_caches[l], value_caches[l]) == check_caches(key_caches[0], value_caches[0]) &&
+                    key_caches[l].sizes() == key_caches[0].sizes() && key_caches[l].size(1) == kv_heads &&
+                    key_caches[l].size(2) == D,
+                "layer ", l, ": caches must be [slots, kv heads, D] like the first layer's");
+  }
+  const bool bf16 = check_caches(key_caches[0], value_caches[0]);
+  check_slots(slots, T, key_caches[0].size(0));
+  check_block_tables(block_tables, lengths, T, block_size, key_caches[0].size(0));
+
+  const auto options = hidden.options();
+  at::Tensor x = x0.clone(), qkv = at::empty({T, n_qkv}, options), attn = at::empty({T, n_q}, options);
+  at::Tensor o = at::empty({T, E}, options), gate_up = at::empty({T, 2 * inter}, options);
+  at::Tensor act = at::empty({T, inter}, options), mlp = at::empty({T, E}, options);
+  float *h = hidden.data_ptr<float>(), *xp = x.data_ptr<float>(), *qkvp = qkv.data_ptr<float>();
+  const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+  const float f_eps = static_cast<float>(eps);
+  auto q4b = [&](const at::Tensor* w, const float* in, int64_t K, int64_t N, float* out) {
+    qs::q4b_matmul_avx512(in, T, K, w[0].data_ptr<uint8_t>(), half_bits(w[1]), half_bits(w[2]), N, out, vnni);
+  };
+  for (int64_t l = 0; l < L; l++) {
+    const at::Tensor* w = weights.data() + l * PER_LAYER;
+    const float* q_norm = w[4].numel() ? w[4].data_ptr<float>() : nullptr;
+    const float* k_norm = w[5].numel() ? w[5].data_ptr<float>() : nullptr;
+    q4b(w + 1, xp, E, n_qkv, qkvp);
+    qs::head_norm_rope(qkvp, T, n_qkv, heads, D, q_norm, f_eps, cp, sp);
+    qs::head_norm_rope(qkvp + n_q, T, n_qkv, kv_heads, D, k_norm, f_eps, cp, sp);
+    qs::kv_write(qkvp + n_q, qkvp + n_q + n_kv, T, n_qkv, n_qkv, n_kv, slots.data_ptr<int64_t>(),
+                 key_caches[l].data_ptr(), value_caches[l].data_ptr(), bf16);
+    qs::paged_decode_avx512(qkvp, n_qkv, T, heads, D, key_caches[l].data_ptr(), value_caches[l].data_ptr(), bf16,
+                            kv_heads, block_tables.data_ptr<int64_t>(), block_tables.size(1),
+                            lengths.data_ptr<int64_t>(), block_size, static_cast<float>(scale), attn.data_ptr<float>());
+    q4b(w + 6, attn.data_ptr<float>(), n_q, E, o.data_ptr<float>());
+    qs::add_rms_norm(h, o.data_ptr<float>(), T, E, w[9].data_ptr<float>(), f_eps, xp);
+    q4b(w + 10, xp, E, 2 * inter, gate_up.data_ptr<float>());
+    qs::silu_mul(gate_up.data_ptr<float>(), gate_up.data_ptr<float>() + inter, T, inter, 2 * inter, 2 * inter,
+                 act.data_ptr<float>());
+    q4b(w + 13, act.data_ptr<float>(), inter, E, mlp.data_ptr<float>());
+    if (l + 1 < L)
+      qs::add_rms_norm(h, mlp.data_ptr<float>(), T, E, weights[(l + 1) * PER_LAYER].data_ptr<float>(), f_eps, xp);
+  }
+  return mlp;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(qwen_serve, m) {
@@ -246,4 +356,7 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("add_rms_norm_(Tensor(a!) hidden, Tensor delta, Tensor weight, float eps) -> Tensor", &add_rms_norm_);
   m.def("head_norm_rope_(Tensor(a!) x, Tensor? weight, float eps, Tensor cos, Tensor sin) -> ()", &head_norm_rope_);
   m.def("silu_mul", &silu_mul);
+  m.def("decode_layers_(Tensor(a!) hidden, Tensor x, Tensor[] weights, Tensor(b!)[] key_caches, "
+        "Tensor(c!)[] value_caches, Tensor cos, Tensor sin, Tensor slots, Tensor block_tables, Tensor lengths, "
+        "int block_size, int heads, int kv_heads, float eps, float scale, bool vnni) -> Tensor", &decode_layers_);
 }

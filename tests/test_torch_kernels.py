@@ -283,10 +283,12 @@ def test_greedy_with_in_place_attention_equals_the_gather_path(qwen3_tiny, monke
 
 @needs_avx512
 @pytest.mark.parametrize("kv_cache", ["paged", "naive"])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fused_decode_layers_give_the_bits_of_the_per_op_path(tmp_path_factory, monkeypatch, kv_cache, dtype):
-    """decode_layers_ (every layer of a decode-only int4 step in one call) against the same model
-    op by op: the same tokens and the same logprobs to the bit, at 1 and 3 decoding rows."""
+@pytest.mark.parametrize("dtype, quant", [("float32", "int4"), ("bfloat16", "int4"), ("bfloat16", "none")])
+def test_fused_decode_layers_give_the_bits_of_the_per_op_path(tmp_path_factory, monkeypatch, kv_cache, dtype, quant):
+    """decode_layers_ (every layer of a decode-only step in one call; int4 or bf16 blocks) against
+    the same model op by op: the same tokens and the same logprobs to the bit, at 1 and 3 rows."""
+    if quant == "none" and ("avx512_bf16" not in cpu_features() or "amx_bf16" in cpu_features()):
+        pytest.skip("bf16 projections run the blocked kernel only with AVX512-BF16 and no AMX")
     from qwen_serve import LLM, SamplingParams
     from qwen_serve.backends.torch_cpu.fused_decode import FusedDecode
     from qwen_serve.conformance.models import Qwen3Geometry, make_qwen3_checkpoint
@@ -294,7 +296,7 @@ def test_fused_decode_layers_give_the_bits_of_the_per_op_path(tmp_path_factory, 
     geometry = Qwen3Geometry(num_hidden_layers=3, hidden_size=128, intermediate_size=256, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=64)  # widths the blocked int4 layout takes
     path = make_qwen3_checkpoint(tmp_path_factory.mktemp("qwen3-int4-widths"), geometry, seed=3)
-    fused_llm, per_op_llm = (LLM(str(path), kv_cache=kv_cache, dtype=dtype, quant="int4", calibrate=False,
+    fused_llm, per_op_llm = (LLM(str(path), kv_cache=kv_cache, dtype=dtype, quant=quant, calibrate=False,
                                  chunk_size=64) for _ in range(2))  # fresh caches: the same prefix hits
     assert fused_llm.parts.executor.fused is not None
     per_op_llm.parts.executor.fused = None

@@ -1,6 +1,7 @@
 """Every decoder layer of a decode-only step in one kernel call (``decode_layers_`` in
-kernels/ops.cpp), for int4 models on the blocked AVX-512 layout over the backend's own paged KV
-storage: single-stream and small-batch decode, where the ~11 calls per layer and the Python
+kernels/ops.cpp), for models whose projections all run the AVX-512 kernels on their blocked
+layouts (int4, or bfloat16 where the CPU has AVX512-BF16 and no AMX) over the backend's own paged
+KV storage: decode, where the ~11 calls per layer and the Python
 around them took about a seventh of a Qwen3-0.6B step (py-spy, Zen 4). The op runs the same
 kernels in the same order as the per-op path of model.py, so both give the same bits; any other
 step (a prefill chunk, drafts, a cache read through the Protocols, a watched projection) keeps
@@ -11,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .int4_linear import Int4Linear
+from .linear import DenseLinear
 from .native import Kernels
 
 PER_LAYER = 16  # tensors per layer in the op's weight list (see ops.cpp)
@@ -20,26 +22,27 @@ class FusedDecode:
     def __init__(self, layers: list, kernels: Kernels) -> None:
         self.kernels = kernels
         self.linears = [tuple(layer.linears()) for layer in layers]
-        self.kernel_rows = self.linears[0][0].scratch.kernel_rows
+        # the int4 kernels take up to kernel_rows rows (tiles take more); the bf16 kernel any number
+        self.kernel_rows = min((lin.scratch.kernel_rows for lins in self.linears for lin in lins
+                                if isinstance(lin, Int4Linear)), default=1 << 62)
         none = torch.empty(0)
         self.weights = []
         for layer in layers:
-            qkv, o, gate_up, down = layer.linears()
-            self.weights += [layer.input_norm, qkv.codes, qkv.scale, qkv.zero,
-                             none if layer.q_norm is None else layer.q_norm,
-                             none if layer.k_norm is None else layer.k_norm,
-                             o.codes, o.scale, o.zero, layer.post_norm,
-                             gate_up.codes, gate_up.scale, gate_up.zero, down.codes, down.scale, down.zero]
+            qkv, o, gate_up, down = (_blocks(linear, none) for linear in layer.linears())
+            self.weights += [layer.input_norm, *qkv, none if layer.q_norm is None else layer.q_norm,
+                             none if layer.k_norm is None else layer.k_norm, *o, layer.post_norm, *gate_up, *down]
 
     @classmethod
     def for_layers(cls, layers: list, kernels: Kernels | None) -> "FusedDecode | None":
-        """The fused path when every projection is a blocked int4 layer without bias, else None."""
+        """The fused path when every projection is a blocked int4 or bf16 layer without bias, else None."""
         if kernels is None or kernels.isa != "avx512":
             return None
         for layer in layers:
             for linear in layer.linears():
-                if type(linear) is not Int4Linear or not linear.blocked or linear.bias is not None \
-                        or linear.kernels is not kernels:
+                if linear.bias is not None or linear.kernels is not kernels:
+                    return None
+                if not (type(linear) is Int4Linear and linear.blocked or
+                        type(linear) is DenseLinear and linear.blocked is not None):
                     return None
         return cls(layers, kernels)
 
@@ -59,3 +62,10 @@ class FusedDecode:
             hidden, x, self.weights, paged.storage.keys, paged.storage.values, cos, sin, step.write_slots,
             paged.block_tables, paged.lengths, paged.storage.block_size, config.num_heads, config.num_kv_heads,
             config.rms_norm_eps, scale, self.kernels.vnni)
+
+
+def _blocks(linear, none: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A projection as the op takes it: int4 codes, scale, zero; or bf16 blocks and two empties."""
+    if isinstance(linear, Int4Linear):
+        return linear.codes, linear.scale, linear.zero
+    return linear.blocked, none, none

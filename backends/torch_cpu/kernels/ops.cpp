@@ -99,13 +99,22 @@ at::Tensor q8b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, const
   return y;
 }
 
-at::Tensor bf16b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, int64_t N) {
+void require_bf16b() {
   require("avx512bf16", __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw"));
+}
+
+// The blocked bfloat16 layout of N output rows; returns K.
+int64_t check_bf16b_weight(const at::Tensor& codes, int64_t N) {
   // codes [blocks, K/2, 16, 2] bfloat16
   TORCH_CHECK(codes.dim() == 4 && codes.size(2) == 16 && codes.size(3) == 2 && codes.is_contiguous() &&
                   codes.scalar_type() == at::kBFloat16 && codes.size(0) == (N + 15) / 16,
               "codes must be the contiguous blocked bfloat16 layout");
-  const int64_t K = codes.size(1) * 2;
+  return codes.size(1) * 2;
+}
+
+at::Tensor bf16b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, int64_t N) {
+  require_bf16b();
+  const int64_t K = check_bf16b_weight(codes, N);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == K,
               "x must be contiguous float32 [M, K]");
   at::Tensor y = at::empty({x.size(0), N}, x.options());
@@ -254,14 +263,15 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   return y;
 }
 
-// Every decoder layer of a decode-only step in one call, for int4 projections on the blocked
-// layout and the backend's own paged KV storage (the configuration of single-stream decode).
+// Every decoder layer of a decode-only step in one call, for projections on the blocked int4 or
+// bfloat16 layouts and the backend's own paged KV storage (the configuration of decode).
 // The same kernels in the same order as the per-op path of model.py, so the result is the same
 // to the bit; what goes is the Python and the dispatch around ~11 calls per layer (about a
 // seventh of a single-stream Qwen3-0.6B step, py-spy). weights holds 16 tensors per layer:
 //   input_norm, qkv codes/scale/zero, q_norm, k_norm, o codes/scale/zero, post_norm,
 //   gate_up codes/scale/zero, down codes/scale/zero
-// (q_norm, k_norm: empty tensors for a model without them). hidden [T, E] is the residual
+// (q_norm, k_norm: empty tensors for a model without them; a bfloat16 projection's scale and zero
+// are empty too). hidden [T, E] is the residual
 // stream, x = rms_norm(hidden) by the first layer's input norm; on return hidden holds the
 // residual before the last layer's MLP, which is returned (model.py adds it for sampled rows).
 constexpr int64_t PER_LAYER = 16;
@@ -270,7 +280,6 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::TensorLis
                           at::TensorList value_caches, const at::Tensor& cos, const at::Tensor& sin,
                           const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& lengths,
                           int64_t block_size, int64_t heads, int64_t kv_heads, double eps, double scale, bool vnni) {
-  require_q4b(vnni);
   require("avx512f", __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"));
   const int64_t L = static_cast<int64_t>(key_caches.size());
   TORCH_CHECK(L > 0 && static_cast<int64_t>(weights.size()) == L * PER_LAYER && value_caches.size() == key_caches.size(),
@@ -285,18 +294,27 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::TensorLis
   TORCH_CHECK(cos.numel() == T * D && sin.numel() == T * D && D % 16 == 0, "cos and sin must be [T, D], D a multiple of 16");
   TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv heads");
   const int64_t n_q = heads * D, n_kv = kv_heads * D, n_qkv = n_q + 2 * n_kv;
-  const int64_t inter = weights[13].size(1) * 64;  // the down projection's input width
+  // The input width of a projection (int4 or bfloat16 blocks) of N outputs, checked.
+  auto input_width = [&](const at::Tensor* w, int64_t N) {
+    if (w[0].scalar_type() == at::kBFloat16) {
+      require_bf16b();
+      return check_bf16b_weight(w[0], N);
+    }
+    require_q4b(vnni);
+    return check_q4b_weight(w[0], w[1], w[2], N);
+  };
+  const int64_t inter = weights[13].scalar_type() == at::kBFloat16 ? weights[13].size(1) * 2 : weights[13].size(1) * 64;
   for (int64_t l = 0; l < L; l++) {
     const at::Tensor* w = weights.data() + l * PER_LAYER;
     check_weight(w[0], E);
-    TORCH_CHECK(check_q4b_weight(w[1], w[2], w[3], n_qkv) == E, "layer ", l, ": q/k/v weights do not fit");
+    TORCH_CHECK(input_width(w + 1, n_qkv) == E, "layer ", l, ": q/k/v weights do not fit");
     TORCH_CHECK(w[4].numel() == 0 || w[4].numel() == D, "layer ", l, ": q_norm must be [D] or empty");
     TORCH_CHECK(w[5].numel() == w[4].numel(), "layer ", l, ": k_norm must be as q_norm");
     if (w[4].numel()) check_weight(w[4], D), check_weight(w[5], D);
-    TORCH_CHECK(check_q4b_weight(w[6], w[7], w[8], E) == n_q, "layer ", l, ": o_proj does not fit");
+    TORCH_CHECK(input_width(w + 6, E) == n_q, "layer ", l, ": o_proj does not fit");
     check_weight(w[9], E);
-    TORCH_CHECK(check_q4b_weight(w[10], w[11], w[12], 2 * inter) == E, "layer ", l, ": gate/up do not fit");
-    TORCH_CHECK(check_q4b_weight(w[13], w[14], w[15], E) == inter, "layer ", l, ": down_proj does not fit");
+    TORCH_CHECK(input_width(w + 10, 2 * inter) == E, "layer ", l, ": gate/up do not fit");
+    TORCH_CHECK(input_width(w + 13, E) == inter, "layer ", l, ": down_proj does not fit");
     TORCH_CHECK(check_caches(key_caches[l], value_caches[l]) == check_caches(key_caches[0], value_caches[0]) &&
                     key_caches[l].sizes() == key_caches[0].sizes() && key_caches[l].size(1) == kv_heads &&
                     key_caches[l].size(2) == D,
@@ -313,14 +331,17 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::TensorLis
   float *h = hidden.data_ptr<float>(), *xp = x.data_ptr<float>(), *qkvp = qkv.data_ptr<float>();
   const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
   const float f_eps = static_cast<float>(eps);
-  auto q4b = [&](const at::Tensor* w, const float* in, int64_t K, int64_t N, float* out) {
-    qs::q4b_matmul_avx512(in, T, K, w[0].data_ptr<uint8_t>(), half_bits(w[1]), half_bits(w[2]), N, out, vnni);
+  auto project = [&](const at::Tensor* w, const float* in, int64_t K, int64_t N, float* out) {
+    if (w[0].scalar_type() == at::kBFloat16)
+      qs::bf16b_matmul_avx512(in, T, K, half_bits(w[0]), N, out);
+    else
+      qs::q4b_matmul_avx512(in, T, K, w[0].data_ptr<uint8_t>(), half_bits(w[1]), half_bits(w[2]), N, out, vnni);
   };
   for (int64_t l = 0; l < L; l++) {
     const at::Tensor* w = weights.data() + l * PER_LAYER;
     const float* q_norm = w[4].numel() ? w[4].data_ptr<float>() : nullptr;
     const float* k_norm = w[5].numel() ? w[5].data_ptr<float>() : nullptr;
-    q4b(w + 1, xp, E, n_qkv, qkvp);
+    project(w + 1, xp, E, n_qkv, qkvp);
     qs::head_norm_rope(qkvp, T, n_qkv, heads, D, q_norm, f_eps, cp, sp);
     qs::head_norm_rope(qkvp + n_q, T, n_qkv, kv_heads, D, k_norm, f_eps, cp, sp);
     qs::kv_write(qkvp + n_q, qkvp + n_q + n_kv, T, n_qkv, n_qkv, n_kv, slots.data_ptr<int64_t>(),
@@ -328,12 +349,12 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::TensorLis
     qs::paged_decode_avx512(qkvp, n_qkv, T, heads, D, key_caches[l].data_ptr(), value_caches[l].data_ptr(), bf16,
                             kv_heads, block_tables.data_ptr<int64_t>(), block_tables.size(1),
                             lengths.data_ptr<int64_t>(), block_size, static_cast<float>(scale), attn.data_ptr<float>());
-    q4b(w + 6, attn.data_ptr<float>(), n_q, E, o.data_ptr<float>());
+    project(w + 6, attn.data_ptr<float>(), n_q, E, o.data_ptr<float>());
     qs::add_rms_norm(h, o.data_ptr<float>(), T, E, w[9].data_ptr<float>(), f_eps, xp);
-    q4b(w + 10, xp, E, 2 * inter, gate_up.data_ptr<float>());
+    project(w + 10, xp, E, 2 * inter, gate_up.data_ptr<float>());
     qs::silu_mul(gate_up.data_ptr<float>(), gate_up.data_ptr<float>() + inter, T, inter, 2 * inter, 2 * inter,
                  act.data_ptr<float>());
-    q4b(w + 13, act.data_ptr<float>(), inter, E, mlp.data_ptr<float>());
+    project(w + 13, act.data_ptr<float>(), inter, E, mlp.data_ptr<float>());
     if (l + 1 < L)
       qs::add_rms_norm(h, mlp.data_ptr<float>(), T, E, weights[(l + 1) * PER_LAYER].data_ptr<float>(), f_eps, xp);
   }

@@ -289,17 +289,36 @@ def test_fused_decode_layers_give_the_bits_of_the_per_op_path(tmp_path_factory, 
     the same model op by op: the same tokens and the same logprobs to the bit, at 1 and 3 rows."""
     if quant == "none" and ("avx512_bf16" not in cpu_features() or "amx_bf16" in cpu_features()):
         pytest.skip("bf16 projections run the blocked kernel only with AVX512-BF16 and no AMX")
-    from qwen_serve import LLM, SamplingParams
-    from qwen_serve.backends.torch_cpu.fused_decode import FusedDecode
     from qwen_serve.conformance.models import Qwen3Geometry, make_qwen3_checkpoint
 
     geometry = Qwen3Geometry(num_hidden_layers=3, hidden_size=128, intermediate_size=256, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=64)  # widths the blocked int4 layout takes
     path = make_qwen3_checkpoint(tmp_path_factory.mktemp("qwen3-int4-widths"), geometry, seed=3)
-    fused_llm, per_op_llm = (LLM(str(path), kv_cache=kv_cache, dtype=dtype, quant=quant, calibrate=False,
-                                 chunk_size=64) for _ in range(2))  # fresh caches: the same prefix hits
-    assert fused_llm.parts.executor.fused is not None
-    per_op_llm.parts.executor.fused = None
+    _fused_equals_per_op(path, monkeypatch, kv_cache=kv_cache, dtype=dtype, quant=quant)
+
+
+@needs_avx512
+def test_fused_decode_layers_on_a_llama_without_qk_norm(smollm2_path, monkeypatch):
+    """SmolLM2: Llama (no q/k norm), 9 heads on 3 KV heads, real weights."""
+    _fused_equals_per_op(smollm2_path, monkeypatch, kv_cache="paged", dtype="float32", quant="int4")
+
+
+def _fused_equals_per_op(path, monkeypatch, **options) -> None:
+    from qwen_serve import LLM, SamplingParams
+    from qwen_serve.backends.torch_cpu.fused_decode import FusedDecode
+
+    fused_llm, per_op_llm = (LLM(str(path), calibrate=False, chunk_size=64, **options)
+                             for _ in range(2))  # fresh caches: the same prefix hits
+    fused_model, per_op_model = fused_llm.parts.executor, per_op_llm.parts.executor
+    assert fused_model.fused is not None
+    per_op_model.fused = None
+    # checkpoints from transformers have every norm weight at 1: random ones (the same in both
+    # models, set in place, so the fused op's weight list sees them) make a swapped norm show
+    generator = torch.Generator().manual_seed(5)
+    for a, b in zip(_norms(fused_model), _norms(per_op_model)):
+        values = 1 + 0.5 * torch.randn(a.shape, generator=generator)
+        a.copy_(values)
+        b.copy_(values)
     rows = []
     real_call = FusedDecode.__call__
     monkeypatch.setattr(FusedDecode, "__call__", lambda self, hidden, *rest: rows.append(hidden.shape[0]) or
@@ -315,6 +334,11 @@ def test_fused_decode_layers_give_the_bits_of_the_per_op_path(tmp_path_factory, 
     assert 1 in rows and 3 in rows  # single-stream and batched decode steps took the fused call
     calls = len(rows)
     assert run(per_op_llm) == fused and len(rows) == calls
+
+
+def _norms(model) -> list[torch.Tensor]:
+    layers = [t for layer in model.layers for t in (layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm)]
+    return [t for t in layers if t is not None] + [model.norm]
 
 
 def test_a_build_killed_midway_does_not_block_the_next_one(tmp_path):

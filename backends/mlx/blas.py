@@ -18,6 +18,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -72,16 +73,25 @@ def sgemm_calls() -> int | None:
 @lru_cache(maxsize=1)
 def _shim() -> Path:
     """The shim library, built on first use; keyed by its source and the compiler."""
-    compiler = os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(compiler) is None:
-        raise OSError(f"no C compiler ({compiler}) to build {SHIM_SOURCE.name}")
+    compiler = _compiler()
     source = SHIM_SOURCE.read_bytes()
-    key = hashlib.sha256(compiler.encode() + b"\0" + source).hexdigest()[:16]
+    key = hashlib.sha256(" ".join(compiler).encode() + b"\0" + source).hexdigest()[:16]
     library = cache_dir("mlx-blas") / f"libqwen_serve_mlx_blas_{key}.so"
     if not library.exists():
         library.parent.mkdir(parents=True, exist_ok=True)
         partial = library.with_suffix(f".{os.getpid()}.tmp")
-        subprocess.run([compiler, "-O2", "-shared", "-fPIC", str(SHIM_SOURCE), "-o", str(partial)],
+        subprocess.run([*compiler, "-O2", "-shared", "-fPIC", str(SHIM_SOURCE), "-o", str(partial)],
                        check=True, capture_output=True)
         os.replace(partial, library)  # atomic: a concurrent build just writes the same file
     return library
+
+
+def _compiler() -> list[str]:
+    """$CC (which may carry a wrapper, e.g. "ccache gcc"), else the compiler Python was built with,
+    else the usual names: the first that is installed."""
+    candidates = [shlex.split(os.environ.get("CC", "")), shlex.split(sysconfig.get_config_var("CC") or ""),
+                  ["cc"], ["gcc"], ["clang"]]
+    for command in candidates:
+        if command and shutil.which(command[0]):
+            return command
+    raise OSError(f"no C compiler to build {SHIM_SOURCE.name}")

@@ -18,7 +18,7 @@ from qwen_serve.quant.int4 import GROUP, Int4Weight
 from .mx import mx
 
 INT4_BITS = 4
-# From this many rows of x a quantized layer dequantizes its weight and multiplies with sgemm:
+# From this many rows of x an int4 layer dequantizes its weight and multiplies with sgemm:
 # mlx[cpu]'s quantized_matmul costs each row a pass over the weight (one 1536x576 int4 layer,
 # OpenBLAS bound, Zen 4: 0.9 / 3.1 / 13.5 / 103 ms at 1 / 4 / 16 / 128 rows, against 3.1 / 2.2 /
 # 1.5 / 3.3 ms dequantized).
@@ -70,7 +70,9 @@ class QuantizedLinear:
         return cls(words, scales, biases, 8, bias)
 
     def __call__(self, x: mx.array) -> mx.array:
-        if x.size >= DEQUANTIZE_FROM_ROWS * self.in_features:  # a prefill: unpack once, then one sgemm
+        # int4 projections: unpack once, then one sgemm; not the int8 vocabulary table (a float copy
+        # of it per call would be 620 MB for Qwen3-0.6B, and the head sees few rows per step)
+        if self.bits == INT4_BITS and x.size >= DEQUANTIZE_FROM_ROWS * self.in_features:
             y = x @ self.dequantize().T
         else:
             y = mx.quantized_matmul(x, self.weight, self.scales, self.biases, transpose=True,

@@ -22,9 +22,10 @@ class FusedDecode:
     def __init__(self, layers: list, kernels: Kernels) -> None:
         self.kernels = kernels
         self.linears = [tuple(layer.linears()) for layer in layers]
-        # the int4 kernels take up to kernel_rows rows (tiles take more); the bf16 kernel any number
-        self.kernel_rows = min((lin.scratch.kernel_rows for lins in self.linears for lin in lins
-                                if isinstance(lin, Int4Linear)), default=1 << 62)
+        # the int4 layers' scratches: their kernel_rows (read per step, as the layers read it) is how
+        # many rows the int4 kernels take (tiles take more); the bf16 kernel takes any number
+        self.scratches = list({id(lin.scratch): lin.scratch for lins in self.linears for lin in lins
+                               if isinstance(lin, Int4Linear)}.values())
         none = torch.empty(0)
         self.weights = []
         for layer in layers:
@@ -50,8 +51,9 @@ class FusedDecode:
         """Whether this step may take the fused path: every row decodes and reads the cache in
         place, the kernels take this many rows, and no projection is being watched (calibration
         swaps a layer's attribute for a recorder)."""
-        return step.paged is not None and not step.prefills and rows <= self.kernel_rows and all(
-            tuple(layer.linears()) == linears for layer, linears in zip(layers, self.linears))
+        return step.paged is not None and not step.prefills and \
+            all(rows <= scratch.kernel_rows for scratch in self.scratches) and \
+            all(tuple(layer.linears()) == linears for layer, linears in zip(layers, self.linears))
 
     def __call__(self, hidden: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step,
                  config, scale: float) -> torch.Tensor:

@@ -15,12 +15,11 @@ from .int4_linear import Int4Linear
 from .linear import DenseLinear
 from .native import Kernels
 
-PER_LAYER = 16  # tensors per layer in the op's weight list (see ops.cpp)
-
 
 class FusedDecode:
     def __init__(self, layers: list, kernels: Kernels) -> None:
         self.kernels = kernels
+        self.layers = layers
         self.linears = [tuple(layer.linears()) for layer in layers]
         # the int4 layers' scratches: their kernel_rows (read per step, as the layers read it) is how
         # many rows the int4 kernels take (tiles take more); the bf16 kernel takes any number
@@ -47,13 +46,13 @@ class FusedDecode:
                     return None
         return cls(layers, kernels)
 
-    def applies(self, layers: list, rows: int, step) -> bool:
+    def applies(self, rows: int, step) -> bool:
         """Whether this step may take the fused path: every row decodes and reads the cache in
         place, the kernels take this many rows, and no projection is being watched (calibration
         swaps a layer's attribute for a recorder)."""
         return step.paged is not None and not step.prefills and \
             all(rows <= scratch.kernel_rows for scratch in self.scratches) and \
-            all(tuple(layer.linears()) == linears for layer, linears in zip(layers, self.linears))
+            all(tuple(layer.linears()) == linears for layer, linears in zip(self.layers, self.linears))
 
     def __call__(self, hidden: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step,
                  config, scale: float) -> torch.Tensor:

@@ -303,7 +303,7 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::TensorLis
     require_q4b(vnni);
     return check_q4b_weight(w[0], w[1], w[2], N);
   };
-  const int64_t inter = weights[13].scalar_type() == at::kBFloat16 ? weights[13].size(1) * 2 : weights[13].size(1) * 64;
+  const int64_t inter = input_width(weights.data() + 13, E);  // the first down projection's
   for (int64_t l = 0; l < L; l++) {
     const at::Tensor* w = weights.data() + l * PER_LAYER;
     check_weight(w[0], E);

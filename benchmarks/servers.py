@@ -83,6 +83,17 @@ class RunningServer:
     def tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server and its children so far (to see that it idles)."""
+        ticks = 0
+        for pid in _process_tree(self.proc.pid):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            except (OSError, IndexError, ValueError):
+                pass
+        return ticks / os.sysconf("SC_CLK_TCK")
+
     def resident_mib(self) -> float:
         """Resident memory of the server and its children, in MiB (after a load test: what it holds)."""
         total_kib = 0
@@ -115,8 +126,18 @@ def _process_tree(root: int) -> list[int]:
 
 def run_bench(name: str, url: str, out_dir: Path, stem: str, args: Sequence[str], note: str) -> Path:
     """`qwen-serve bench` against one endpoint; returns the JSON it wrote."""
-    argv = [sys.executable, "-m", "qwen_serve", "bench", "--endpoint", f"{name}={url}", "--note", f"{name}={note}",
-            "--out", str(out_dir), "--name", stem, "--no-plots", *args]
+    return run_bench_in_turns([(name, url, note)], out_dir, stem, args)
+
+
+def run_bench_in_turns(endpoints: Sequence[tuple[str, str, str]], out_dir: Path, stem: str,
+                       args: Sequence[str]) -> Path:
+    """`qwen-serve bench` against (name, url, note) endpoints, their repetitions interleaved
+    when there are several; returns the JSON it wrote."""
+    argv = [sys.executable, "-m", "qwen_serve", "bench"]
+    for name, url, note in endpoints:
+        argv += ["--endpoint", f"{name}={url}", "--note", f"{name}={note}"]
+    argv += ["--out", str(out_dir), "--name", stem, "--no-plots", *(["--interleave"] if len(endpoints) > 1 else []),
+             *args]
     print("+", " ".join(argv), flush=True)
     subprocess.run(argv, check=True)
     return out_dir / f"{stem}.json"

@@ -1,10 +1,13 @@
 """The side-by-side of issue 10: qwen-serve (int4, fp32, bf16), llama.cpp's server (Q4_0, BF16)
-and vLLM's CPU build (bf16) on the same random Qwen3-0.6B weights, one server at a time, all
-measured by `qwen-serve bench` with the same client and prompts.
+and vLLM's CPU build (bf16) on the same random Qwen3-0.6B weights, all measured by `qwen-serve
+bench` with the same client and prompts: one server at a time, or (--in-turns) a group of
+servers up together with their repetitions interleaved, which on a shared machine whose speed
+drifts is what makes their ratios trustworthy.
 
     python benchmarks/setup_peers.py                        # once: builds and installs the peers
     flock /work/cpu.lock python benchmarks/side_by_side.py  # everything (~1 h on 2 cores), then the report
     flock /work/cpu.lock python benchmarks/side_by_side.py --only qwen-int4 --only llama-q4_0   # some servers
+    flock /work/cpu.lock python benchmarks/side_by_side.py --in-turns qwen-bf16,llama-bf16,vllm-bf16
     python benchmarks/side_by_side.py --report              # merge what is measured: JSON, PNG, markdown
 
 Per server: decode with 64-token prompts and 128 output tokens at concurrency 1, 8, 16, and
@@ -26,7 +29,16 @@ import sys
 import time
 from pathlib import Path
 
-from servers import REPO, RSS_SETTLE_S, RunningServer, ServerCommand, combine_launches, git_revision, run_bench
+from servers import (
+    REPO,
+    RSS_SETTLE_S,
+    RunningServer,
+    ServerCommand,
+    combine_launches,
+    git_revision,
+    run_bench,
+    run_bench_in_turns,
+)
 from setup_peers import Peers
 
 from qwen_serve.cache_dir import cache_dir
@@ -71,20 +83,27 @@ def peer_version(name: str, peers: Peers) -> str:
     return f"qwen-serve {git_revision()}"
 
 
+QWEN_FLAGS = {"qwen-int4": ["--quant", "int4", "--dtype", "bfloat16"], "qwen-fp32": [],
+              "qwen-bf16": ["--dtype", "bfloat16"]}  # int4 with a bf16 KV cache: llama.cpp keeps f16, vLLM bf16
+
+
+def server_command(name: str, peers: Peers, slots: int) -> ServerCommand:
+    """How `name` is started for `slots` concurrent streams (only llama.cpp's -np depends on it)."""
+    if name in QWEN_FLAGS:
+        return ServerCommand(name, qwen(peers, *QWEN_FLAGS[name]))
+    if name in ("llama-q4_0", "llama-bf16"):
+        return ServerCommand(name, llama(peers, peers.gguf_q4_0 if name == "llama-q4_0" else peers.gguf_bf16, slots))
+    if name == "vllm-bf16":
+        return ServerCommand(name, vllm(peers), VLLM_ENV, startup_timeout_s=1200)
+    raise SystemExit(f"unknown server {name!r}; known: {', '.join(SERVERS)}")
+
+
 def launches(name: str, peers: Peers) -> list[tuple[ServerCommand, list[list[str]]]]:
     """Each launch a server needs: the server to start and the bench runs to make against it."""
-    # int4 weights with a bfloat16 KV cache, as llama.cpp keeps f16 and vLLM bf16 keys and values
-    qwen_flags = {"qwen-int4": ["--quant", "int4", "--dtype", "bfloat16"], "qwen-fp32": [],
-                  "qwen-bf16": ["--dtype", "bfloat16"]}
-    if name in qwen_flags:
-        return [(ServerCommand(name, qwen(peers, *qwen_flags[name])), [DECODE, PREFILL])]
-    if name in ("llama-q4_0", "llama-bf16"):
-        gguf = peers.gguf_q4_0 if name == "llama-q4_0" else peers.gguf_bf16
-        out = [(ServerCommand(name, llama(peers, gguf, c)), [[*DECODE[:4], "--concurrency", str(c)]]) for c in (1, 8, 16)]
-        return out + [(ServerCommand(name, llama(peers, gguf, 1)), [PREFILL])]
-    if name == "vllm-bf16":
-        return [(ServerCommand(name, vllm(peers), VLLM_ENV, startup_timeout_s=1200), [DECODE, PREFILL])]
-    raise SystemExit(f"unknown server {name!r}; known: {', '.join(SERVERS)}")
+    if name.startswith("llama"):  # restarted for each concurrency with -np set to it
+        return [(server_command(name, peers, c), [[*DECODE[:4], "--concurrency", str(c)]]) for c in (1, 8, 16)] \
+            + [(server_command(name, peers, 1), [PREFILL])]
+    return [(server_command(name, peers, 1), [DECODE, PREFILL])]
 
 
 SERVERS = ("qwen-int4", "qwen-fp32", "qwen-bf16", "llama-q4_0", "llama-bf16", "vllm-bf16")
@@ -109,6 +128,57 @@ def measure(name: str, peers: Peers) -> Path:
     out = combine_launches(paths, raw / f"{name}.json")
     for p in paths:
         p.unlink()
+    return out
+
+
+IDLE_PROBE_S = 2.0
+
+
+def measure_in_turns(names: list[str], peers: Peers) -> list[Path]:
+    """The servers up together, each stage's repetitions taking turns between them (`bench
+    --interleave`): on a shared machine whose speed drifts by minutes, their ratios are then
+    measured seconds apart. llama.cpp is restarted with -np for each concurrency; the others stay
+    up. Before each stage every server's CPU use while idle is read, so none eats into another's
+    turn unnoticed. Each server's figures go to raw/NAME.json as in the one-at-a-time mode."""
+    raw = RESULTS / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    versions = {name: peer_version(name, peers) for name in names}
+    stages = [([*DECODE[:4], "--concurrency", str(c)], c) for c in (1, 8, 16)] + [(PREFILL, 1)]
+    running: dict[str, RunningServer] = {}
+    parts: dict[str, list[Path]] = {name: [] for name in names}
+    try:
+        for i, (bench_args, slots) in enumerate(stages):
+            for name in names:
+                command = server_command(name, peers, slots)
+                if name in running and running[name].command.argv != command.argv:
+                    running.pop(name).stop()
+                if name not in running:
+                    running[name] = RunningServer(command).__enter__()
+            before = {name: server.cpu_seconds() for name, server in running.items()}
+            time.sleep(IDLE_PROBE_S)
+            idle = {name: (server.cpu_seconds() - before[name]) / IDLE_PROBE_S for name, server in running.items()}
+            print("idle CPU: " + ", ".join(f"{n} {v:.0%}" for n, v in idle.items()), flush=True)
+            endpoints = [(name, running[name].url, f"{versions[name]}; {' '.join(running[name].argv)}; "
+                          f"idle CPU before this stage {idle[name]:.0%}") for name in names]
+            path = run_bench_in_turns(endpoints, raw, f"turns.{i}",
+                                      [*COMMON, "--tokenizer", str(peers.checkpoint), *bench_args])
+            document = json.loads(path.read_text())
+            path.unlink()
+            time.sleep(RSS_SETTLE_S)
+            for endpoint in document["endpoints"]:
+                endpoint["resident_mib_after"] = round(running[endpoint["name"]].resident_mib(), 1)
+                endpoint["in_turns_with"] = names
+                part = raw / f"{endpoint['name']}.{i}.json"
+                part.write_text(json.dumps({**document, "endpoints": [endpoint]}, indent=1) + "\n")
+                parts[endpoint["name"]].append(part)
+    finally:
+        for server in running.values():
+            server.stop()
+    out = []
+    for name, paths in parts.items():
+        out.append(combine_launches(paths, raw / f"{name}.json"))
+        for p in paths:
+            p.unlink()
     return out
 
 
@@ -185,6 +255,14 @@ def report() -> None:
     print(f"wrote {RESULTS / 'side_by_side.md'}")
 
 
+def _how_run(doc: dict) -> str:
+    """Which servers were measured together, their repetitions in turns, and which alone."""
+    groups = list(dict.fromkeys(tuple(e["in_turns_with"]) for e in doc["endpoints"] if e.get("in_turns_with")))
+    alone = [e["name"] for e in doc["endpoints"] if not e.get("in_turns_with")]
+    parts = [f"in turns: {', '.join(g)}" for g in groups] + ([f"one at a time: {', '.join(alone)}"] if alone else [])
+    return "; ".join(parts)
+
+
 def markdown(doc: dict, torch_gb_s: float) -> str:
     def f(e, c, key="output_tok_s"):
         return figure(doc, e, key, c)
@@ -211,7 +289,7 @@ def markdown(doc: dict, torch_gb_s: float) -> str:
     lines = [
         "# Side-by-side: qwen-serve, llama.cpp server, vLLM CPU",
         "",
-        f"Measured {doc['created']} with `python benchmarks/side_by_side.py` (one server at a time, "
+        f"Measured {doc['created']} with `python benchmarks/side_by_side.py` ({_how_run(doc)}; "
         "`qwen-serve bench` as the one client: chat completions, streaming, 64-token prompts, 128 output tokens "
         "with ignore_eos, medians of 3 repetitions; prefill: one 512-token prompt, 1 output token).",
         "",
@@ -257,11 +335,22 @@ def markdown(doc: dict, torch_gb_s: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", action="append", choices=(*SERVERS, "scheduler"), help="measure only these")
+    parser.add_argument("--in-turns", action="append", default=[], metavar="A,B[,C]",
+                        help="these servers up together, their repetitions interleaved (repeatable: one group each)")
     parser.add_argument("--report", action="store_true", help="only merge what is measured and write the report")
     parser.add_argument("--peers", type=Path, default=cache_dir("peers"), help="where setup_peers.py put the peers")
     args = parser.parse_args(argv)
     peers = Peers(args.peers.expanduser().resolve())
-    if not args.report:
+    groups = [[n.strip() for n in group.split(",") if n.strip()] for group in args.in_turns]
+    for name in (n for group in groups for n in group):
+        if name not in SERVERS:
+            raise SystemExit(f"unknown server {name!r}; known: {', '.join(SERVERS)}")
+    for group in groups if not args.report else []:
+        try:
+            measure_in_turns(group, peers)
+        except (RuntimeError, subprocess.CalledProcessError) as exc:
+            print(f"{','.join(group)}: FAILED: {exc}", file=sys.stderr)
+    if not args.report and not groups:
         for name in args.only or (*SERVERS, "scheduler"):
             try:
                 scheduler(peers) if name == "scheduler" else measure(name, peers)

@@ -189,7 +189,9 @@ def test_cli_errors_are_one_line_with_exit_code_2():
 
     for args, needle in ((["--no-bandwidth"], "at least one --endpoint"),
                          (["--endpoint", "ours=localhost:1"], "NAME=http"),
-                         (["--endpoint", "ours=http://127.0.0.1:9", "--no-bandwidth"], "does not answer")):
+                         (["--endpoint", "ours=http://127.0.0.1:9", "--no-bandwidth"], "does not answer"),
+                         (["--endpoint", "a=http://127.0.0.1:9", "--endpoint", "a=http://127.0.0.1:8", "--no-bandwidth"],
+                          "names must differ")):
         out = bench(*args)
         assert out.returncode == 2 and needle in out.stderr, (args, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr

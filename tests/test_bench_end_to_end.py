@@ -42,3 +42,26 @@ def test_bench_against_a_real_server(smollm2_server, tmp_path, api):  # noqa: F8
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     assert "ours" in out.stdout and "TTFT" in out.stdout
     smollm2_server.wait_until_idle()  # every KV block back after the run
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_two_endpoints_in_turns_or_one_after_the_other(smollm2_server, tmp_path, interleave):  # noqa: F811
+    """Two names for one server: one after the other, every repetition of the first comes before
+    the second's; interleaved, each repetition takes turns and who goes first alternates."""
+    out = subprocess.run(
+        [sys.executable, "-m", "qwen_serve", "bench", "--endpoint", f"a={smollm2_server.url}",
+         "--endpoint", f"b={smollm2_server.url}", "--concurrency", "1", "--prompt-tokens", "16",
+         "--output-tokens", "3", "--repetitions", "3", "--warmup", "0", "--out", str(tmp_path), "--name", "turns",
+         "--no-progress", "--no-plots", "--no-bandwidth", *(["--interleave"] if interleave else [])],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    document = json.loads((tmp_path / "turns.json").read_text())
+    assert document["settings"]["interleaved"] is interleave
+    starts = sorted((rep["started_s"], endpoint["name"]) for endpoint in document["endpoints"]
+                    for rep in endpoint["results"][0]["repetitions"])
+    order = "".join(name for _, name in starts)
+    assert order == ("abbaab" if interleave else "aaabbb"), starts
+    for endpoint in document["endpoints"]:
+        (r,) = endpoint["results"]
+        assert r["failed"] == 0 and r["requests"] == 3 and r["output_tok_s"] > 0, r
+    smollm2_server.wait_until_idle()

@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repetitions", type=int, default=3, help="repetitions per point; throughput is their median")
     p.add_argument("--rounds", type=int, default=1, help="requests per stream per repetition")
     p.add_argument("--warmup", type=int, default=1, help="warm-up rounds per endpoint before measuring")
+    p.add_argument("--interleave", action="store_true",
+                   help="with several endpoints, their repetitions of each point take turns (on a shared, noisy "
+                        "machine the ratio is then measured seconds apart, not minutes)")
     p.add_argument("--api", choices=("auto", "chat", "completions"), default="auto",
                    help="auto: /v1/completions with token-id prompts where the server takes them, else chat")
     p.add_argument("--tokenizer", default=None, help="the served tokenizer (tokenizer.json, checkpoint dir, .gguf); "
@@ -82,7 +85,8 @@ def sweep_points(args: argparse.Namespace) -> list[SweepPoint]:
     concurrency = args.concurrency or ([1] if args.prefill else _ints(DEFAULT_CONCURRENCY))
     prompts = args.prompt_tokens or [512 if args.prefill else 64]
     outputs = args.output_tokens or [(1, 1) if args.prefill else (128, 128)]
-    return [SweepPoint(p, o, c) for p in prompts for o in outputs for c in concurrency]
+    points = [SweepPoint(p, o, c) for p in prompts for o in outputs for c in concurrency]
+    return list(dict.fromkeys(points))  # a point given twice is measured once
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,9 +124,12 @@ def measure(args: argparse.Namespace) -> dict:
 
     from .machine import describe_machine
     from .report import new_document
-    from .runner import run_endpoint
+    from .runner import run_endpoints
 
     specs = [EndpointSpec.parse(e) for e in args.endpoint]
+    names = [s.name for s in specs]
+    if len(set(names)) < len(names):
+        raise ValueError(f"endpoint names must differ: {', '.join(names)}")
     notes = dict(n.partition("=")[::2] for n in args.note)
     unknown = set(notes) - {s.name for s in specs}
     if unknown:
@@ -135,14 +142,14 @@ def measure(args: argparse.Namespace) -> dict:
                          sample_metrics_s=args.sample_metrics, seed=args.seed, timeout_s=args.timeout)
     machine = describe_machine(measure_bandwidth=not args.no_bandwidth)  # before any load starts
     total = len(specs) * sum(options.requests_per_point(p) for p in points)
-    endpoints = []
     with tqdm(total=total, unit="req", disable=True if args.no_progress else None, file=sys.stderr, dynamic_ncols=True) as bar:
-        for spec in specs:
-            record = asyncio.run(run_endpoint(spec, points, options, lambda: bar.update(1), bar.set_description))
-            if spec.name in notes:
-                record["notes"] = notes[spec.name]
-            endpoints.append(record)
+        endpoints = asyncio.run(run_endpoints(specs, points, options, lambda: bar.update(1), bar.set_description,
+                                              interleave=args.interleave))
+    for record in endpoints:
+        if record["name"] in notes:
+            record["notes"] = notes[record["name"]]
     settings = {"points": [p.as_dict() for p in points], "repetitions": args.repetitions, "rounds": args.rounds,
+                "interleaved": args.interleave,
                 "warmup": args.warmup, "api": args.api, "length_control": args.length_control,
                 "seed": args.seed, "client": "aiohttp streaming, one connection per in-flight request",
                 "argv": sys.argv[1:]}

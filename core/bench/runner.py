@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -83,7 +84,7 @@ async def prepare(session: aiohttp.ClientSession, spec: EndpointSpec, options: R
 
 async def run_point(session: aiohttp.ClientSession, target: Target, prompts: Prompts, point: SweepPoint,
                     requests: int, rng: np.random.Generator, on_done: Callable[[], None],
-                    sampler: OccupancySampler | None = None):
+                    sampler: OccupancySampler | None = None, clock_start: float | None = None):
     lo, hi = point.output_tokens
     work = deque((prompts.make(point.prompt_tokens), int(rng.integers(lo, hi + 1))) for _ in range(requests))
     records: list[RequestRecord] = []
@@ -103,39 +104,99 @@ async def run_point(session: aiohttp.ClientSession, target: Target, prompts: Pro
     finally:
         if sampler is not None:
             await sampler.stop()
-    return repetition(records, time.perf_counter() - start), records
+    started_s = 0.0 if clock_start is None else start - clock_start
+    return repetition(records, time.perf_counter() - start, started_s), records
 
 
-async def run_endpoint(spec: EndpointSpec, points: Sequence[SweepPoint], options: RunOptions,
-                       on_done: Callable[[], None], on_point: Callable[[str], None]) -> dict[str, Any]:
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=options.timeout_s)) as session:
-        info, target, prompts = await prepare(session, spec, options)
-        rng = np.random.default_rng(options.seed)
+class EndpointRun:
+    """One endpoint's measurements: its session, prompts and random draws (seeded alike for every
+    endpoint, so all of them get the same prompts and output lengths), and its repetitions so far."""
+
+    def __init__(self, spec: EndpointSpec, options: RunOptions) -> None:
+        self.spec, self.options = spec, options
+        self.reps: dict[SweepPoint, list] = {}
+        self.records: dict[SweepPoint, list[RequestRecord]] = {}
+        self.timelines: dict[SweepPoint, dict[str, Any]] = {}
+
+    async def __aenter__(self) -> "EndpointRun":
+        connector = aiohttp.TCPConnector(limit=0, force_close=False)
+        self.session = aiohttp.ClientSession(connector=connector,
+                                             timeout=aiohttp.ClientTimeout(total=self.options.timeout_s))
+        try:
+            self.info, self.target, self.prompts = await prepare(self.session, self.spec, self.options)
+        except BaseException:
+            await self.session.close()
+            raise
+        self.rng = np.random.default_rng(self.options.seed)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.session.close()
+
+    async def warm_up(self, points: Sequence[SweepPoint]) -> None:
         widest = max(p.concurrency for p in points)
-        for _ in range(options.warmup):
-            on_point(f"{spec.name}: warm-up")
+        for _ in range(self.options.warmup):
             warm = SweepPoint(points[0].prompt_tokens, (WARMUP_OUTPUT_TOKENS, WARMUP_OUTPUT_TOKENS), widest)
-            await run_point(session, target, prompts, warm, widest, rng, lambda: None)
+            await run_point(self.session, self.target, self.prompts, warm, widest, self.rng, lambda: None)
+
+    async def repeat(self, point: SweepPoint, clock_start: float, on_done: Callable[[], None]) -> None:
+        """One more repetition of `point`; the first samples /metrics when asked to."""
+        first = point not in self.reps
+        sampler = None
+        if self.options.sample_metrics_s and first:
+            sampler = OccupancySampler(self.session, self.spec.url, self.options.sample_metrics_s)
+        rep, records = await run_point(self.session, self.target, self.prompts, point,
+                                       point.concurrency * self.options.rounds, self.rng, on_done, sampler, clock_start)
+        self.reps.setdefault(point, []).append(rep)
+        self.records.setdefault(point, []).extend(records)
+        if sampler is not None:
+            self.timelines[point] = {"interval_s": self.options.sample_metrics_s, "samples": sampler.samples,
+                                     "error": sampler.error}
+
+    def result(self, points: Sequence[SweepPoint]) -> dict[str, Any]:
         results = []
         for point in points:
-            on_point(f"{spec.name}: p{point.prompt_tokens} o{point.as_dict()['output_tokens']} c{point.concurrency}")
-            reps, records, timeline = [], [], None
-            for i in range(options.repetitions):
-                sampler = None
-                if options.sample_metrics_s and i == 0:
-                    sampler = OccupancySampler(session, spec.url, options.sample_metrics_s)
-                rep, recs = await run_point(session, target, prompts, point, point.concurrency * options.rounds,
-                                            rng, on_done, sampler)
-                reps.append(rep)
-                records.extend(recs)
-                if sampler is not None:
-                    timeline = {"interval_s": options.sample_metrics_s, "samples": sampler.samples,
-                                "error": sampler.error}
-            summary = summarize(point.as_dict(), reps, records)
-            if timeline is not None:
-                summary["occupancy"] = timeline
+            summary = summarize(point.as_dict(), self.reps[point], self.records[point])
+            if point in self.timelines:
+                summary["occupancy"] = self.timelines[point]
             results.append(summary)
-    return {"name": spec.name, "url": spec.url, "model": info.model, "api": target.api,
-            "length_control": options.length_control, "chat_template_tokens": prompts.template_tokens,
-            "identity": info.identity, "results": results}
+        return {"name": self.spec.name, "url": self.spec.url, "model": self.info.model, "api": self.target.api,
+                "length_control": self.options.length_control, "chat_template_tokens": self.prompts.template_tokens,
+                "identity": self.info.identity, "results": results}
+
+
+def _label(spec: EndpointSpec, point: SweepPoint) -> str:
+    return f"{spec.name}: p{point.prompt_tokens} o{point.as_dict()['output_tokens']} c{point.concurrency}"
+
+
+async def run_endpoints(specs: Sequence[EndpointSpec], points: Sequence[SweepPoint], options: RunOptions,
+                        on_done: Callable[[], None], on_point: Callable[[str], None],
+                        interleave: bool = False) -> list[dict[str, Any]]:
+    """Every endpoint over every point. One after another by default; with `interleave`, each
+    point's repetitions take turns across the endpoints (A, B, B, A, A, B, ...: who goes first
+    alternates), so the drift of a shared machine's speed falls on all of them alike and their
+    ratio is measured seconds apart, not minutes. Every repetition records when it started."""
+    clock_start = time.perf_counter()
+    out = []
+    if not interleave:
+        for spec in specs:
+            async with EndpointRun(spec, options) as run:
+                on_point(f"{spec.name}: warm-up")
+                await run.warm_up(points)
+                for point in points:
+                    on_point(_label(spec, point))
+                    for _ in range(options.repetitions):
+                        await run.repeat(point, clock_start, on_done)
+                out.append(run.result(points))
+        return out
+    async with AsyncExitStack() as stack:
+        runs = [await stack.enter_async_context(EndpointRun(spec, options)) for spec in specs]
+        for run in runs:
+            on_point(f"{run.spec.name}: warm-up")
+            await run.warm_up(points)
+        for point in points:
+            for i in range(options.repetitions):
+                for run in (runs if i % 2 == 0 else runs[::-1]):
+                    on_point(_label(run.spec, point))
+                    await run.repeat(point, clock_start, on_done)
+        return [run.result(points) for run in runs]

@@ -62,6 +62,7 @@ class Repetition:
     failed: int
     output_tokens: int
     prompt_tokens: int
+    started_s: float = 0.0  # from the start of the run: shows the order of interleaved endpoints
 
     @property
     def output_tok_s(self) -> float:
@@ -76,11 +77,11 @@ class Repetition:
         return self.prompt_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def repetition(records: Sequence[RequestRecord], wall_s: float) -> Repetition:
+def repetition(records: Sequence[RequestRecord], wall_s: float, started_s: float = 0.0) -> Repetition:
     good = [r for r in records if r.ok]
     return Repetition(wall_s=wall_s, requests=len(records), failed=len(records) - len(good),
                       output_tokens=sum(r.output_tokens or 0 for r in good),
-                      prompt_tokens=sum(r.prompt_tokens or r.prompt_tokens_asked for r in good))
+                      prompt_tokens=sum(r.prompt_tokens or r.prompt_tokens_asked for r in good), started_s=started_s)
 
 
 def summarize(point: dict[str, Any], reps: Sequence[Repetition], records: Sequence[RequestRecord]) -> dict[str, Any]:

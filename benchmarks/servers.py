@@ -1,5 +1,5 @@
-"""The servers of the side-by-side, one at a time on loopback: how each is started, waited for
-and stopped, and `qwen-serve bench` run against it. Used by side_by_side.py and
+"""The servers of the side-by-side on loopback (one at a time, or a group up together): how each
+is started, waited for and stopped, and `qwen-serve bench` run against them. Used by side_by_side.py and
 bench_http_vs_inprocess.py."""
 from __future__ import annotations
 
@@ -48,6 +48,13 @@ class RunningServer:
         print(f"[{self.command.name}] starting: {' '.join(self.argv)}", flush=True)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            return self._wait_healthy()
+        except BaseException:  # interrupted or failed: its own session would outlive us otherwise
+            self.stop()
+            raise
+
+    def _wait_healthy(self) -> "RunningServer":
         start = time.perf_counter()
         while time.perf_counter() - start < self.command.startup_timeout_s:
             if self.proc.poll() is not None:
@@ -57,7 +64,6 @@ class RunningServer:
                 print(f"[{self.command.name}] ready in {time.perf_counter() - start:.0f} s on {self.url}", flush=True)
                 return self
             time.sleep(0.5)
-        self.stop()
         raise RuntimeError(f"[{self.command.name}] not healthy after {self.command.startup_timeout_s:.0f} s:\n{self.tail()}")
 
     def __exit__(self, *exc) -> None:
@@ -83,16 +89,16 @@ class RunningServer:
     def tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
 
-    def cpu_seconds(self) -> float:
-        """User + system CPU time of the server and its children so far (to see that it idles)."""
-        ticks = 0
+    def cpu_ticks(self) -> dict[int, int]:
+        """User + system CPU clock ticks so far of the server and each child, by pid."""
+        ticks = {}
         for pid in _process_tree(self.proc.pid):
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+                ticks[pid] = int(fields[11]) + int(fields[12])  # utime, stime
             except (OSError, IndexError, ValueError):
                 pass
-        return ticks / os.sysconf("SC_CLK_TCK")
+        return ticks
 
     def resident_mib(self) -> float:
         """Resident memory of the server and its children, in MiB (after a load test: what it holds)."""

@@ -26,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,7 +45,8 @@ from setup_peers import Peers
 from qwen_serve.cache_dir import cache_dir
 
 RESULTS = REPO / "benchmarks" / "results"
-DECODE = ["--prompt-tokens", "64", "--output-tokens", "128", "--concurrency", "1,8,16"]
+CONCURRENCY = (1, 8, 16)
+DECODE = ["--prompt-tokens", "64", "--output-tokens", "128", "--concurrency", ",".join(map(str, CONCURRENCY))]
 PREFILL = ["--prefill"]
 COMMON = ["--api", "chat", "--repetitions", "3", "--warmup", "1"]
 PER_SLOT_CONTEXT = 1024  # llama.cpp: -c is shared by the -np slots
@@ -87,6 +89,10 @@ QWEN_FLAGS = {"qwen-int4": ["--quant", "int4", "--dtype", "bfloat16"], "qwen-fp3
               "qwen-bf16": ["--dtype", "bfloat16"]}  # int4 with a bf16 KV cache: llama.cpp keeps f16, vLLM bf16
 
 
+# The bench runs one at a time, with the streams each has in flight (llama.cpp's -np).
+STAGES = [([*DECODE[:4], "--concurrency", str(c)], c) for c in CONCURRENCY] + [(PREFILL, 1)]
+
+
 def server_command(name: str, peers: Peers, slots: int) -> ServerCommand:
     """How `name` is started for `slots` concurrent streams (only llama.cpp's -np depends on it)."""
     if name in QWEN_FLAGS:
@@ -101,8 +107,7 @@ def server_command(name: str, peers: Peers, slots: int) -> ServerCommand:
 def launches(name: str, peers: Peers) -> list[tuple[ServerCommand, list[list[str]]]]:
     """Each launch a server needs: the server to start and the bench runs to make against it."""
     if name.startswith("llama"):  # restarted for each concurrency with -np set to it
-        return [(server_command(name, peers, c), [[*DECODE[:4], "--concurrency", str(c)]]) for c in (1, 8, 16)] \
-            + [(server_command(name, peers, 1), [PREFILL])]
+        return [(server_command(name, peers, slots), [args]) for args, slots in STAGES]
     return [(server_command(name, peers, 1), [DECODE, PREFILL])]
 
 
@@ -137,48 +142,73 @@ IDLE_PROBE_S = 2.0
 def measure_in_turns(names: list[str], peers: Peers) -> list[Path]:
     """The servers up together, each stage's repetitions taking turns between them (`bench
     --interleave`): on a shared machine whose speed drifts by minutes, their ratios are then
-    measured seconds apart. llama.cpp is restarted with -np for each concurrency; the others stay
-    up. Before each stage every server's CPU use while idle is read, so none eats into another's
-    turn unnoticed. Each server's figures go to raw/NAME.json as in the one-at-a-time mode."""
+    measured seconds apart. llama.cpp is restarted with -np for each stage; the others stay up.
+    Before each stage every server's CPU use while idle is read, so none eats into another's turn
+    unnoticed. Each server's figures go to raw/NAME.json as in the one-at-a-time mode, marked
+    with the group and this sitting."""
     raw = RESULTS / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     versions = {name: peer_version(name, peers) for name in names}
-    stages = [([*DECODE[:4], "--concurrency", str(c)], c) for c in (1, 8, 16)] + [(PREFILL, 1)]
+    sitting = {"with": names, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     running: dict[str, RunningServer] = {}
     parts: dict[str, list[Path]] = {name: [] for name in names}
-    try:
-        for i, (bench_args, slots) in enumerate(stages):
-            for name in names:
-                command = server_command(name, peers, slots)
-                if name in running and running[name].command.argv != command.argv:
-                    running.pop(name).stop()
-                if name not in running:
-                    running[name] = RunningServer(command).__enter__()
-            before = {name: server.cpu_seconds() for name, server in running.items()}
-            time.sleep(IDLE_PROBE_S)
-            idle = {name: (server.cpu_seconds() - before[name]) / IDLE_PROBE_S for name, server in running.items()}
-            print("idle CPU: " + ", ".join(f"{n} {v:.0%}" for n, v in idle.items()), flush=True)
-            endpoints = [(name, running[name].url, f"{versions[name]}; {' '.join(running[name].argv)}; "
-                          f"idle CPU before this stage {idle[name]:.0%}") for name in names]
-            path = run_bench_in_turns(endpoints, raw, f"turns.{i}",
-                                      [*COMMON, "--tokenizer", str(peers.checkpoint), *bench_args])
-            document = json.loads(path.read_text())
-            path.unlink()
-            time.sleep(RSS_SETTLE_S)
-            for endpoint in document["endpoints"]:
-                endpoint["resident_mib_after"] = round(running[endpoint["name"]].resident_mib(), 1)
-                endpoint["in_turns_with"] = names
-                part = raw / f"{endpoint['name']}.{i}.json"
-                part.write_text(json.dumps({**document, "endpoints": [endpoint]}, indent=1) + "\n")
-                parts[endpoint["name"]].append(part)
-    finally:
-        for server in running.values():
-            server.stop()
-    out = []
-    for name, paths in parts.items():
-        out.append(combine_launches(paths, raw / f"{name}.json"))
-        for p in paths:
-            p.unlink()
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            for i, (bench_args, slots) in enumerate(STAGES):
+                for name in names:
+                    _ensure_running(running, server_command(name, peers, slots))
+                idle = _idle_cpu(running)
+                print("idle CPU: " + ", ".join(f"{n} {v:.0%}" for n, v in idle.items()), flush=True)
+                endpoints = [(name, running[name].url, f"{versions[name]}; {' '.join(running[name].argv)}; "
+                              f"idle CPU before this stage {idle[name]:.0%}") for name in names]
+                path = run_bench_in_turns(endpoints, Path(scratch), f"turns.{i}",
+                                          [*COMMON, "--tokenizer", str(peers.checkpoint), *bench_args])
+                time.sleep(RSS_SETTLE_S)
+                document = json.loads(path.read_text())
+                for endpoint in document["endpoints"]:
+                    endpoint.update(resident_mib_after=round(running[endpoint["name"]].resident_mib(), 1),
+                                    in_turns=sitting)
+                for name, part in _split_per_server(document, Path(scratch), i).items():
+                    parts[name].append(part)
+        finally:
+            for server in running.values():
+                try:
+                    server.stop()
+                except Exception as exc:  # stop the others whatever one of them does
+                    print(f"[{server.command.name}] stopping: {exc}", file=sys.stderr)
+        return [combine_launches(paths, raw / f"{name}.json") for name, paths in parts.items()]
+
+
+def _ensure_running(running: dict[str, RunningServer], command: ServerCommand) -> None:
+    """`command` up under its name, restarting that server if it runs with other arguments."""
+    current = running.get(command.name)
+    if current is not None and current.command.argv != command.argv:
+        running.pop(command.name).stop()
+    if command.name not in running:
+        running[command.name] = server = RunningServer(command)
+        server.__enter__()  # stopped by the caller's cleanup from here on, even if this raises
+
+
+def _idle_cpu(running: dict[str, RunningServer]) -> dict[str, float]:
+    """Each server's share of one CPU over IDLE_PROBE_S with no requests, summed over the
+    processes alive at both readings (a child that starts or ends in between is left out)."""
+    before = {name: server.cpu_ticks() for name, server in running.items()}
+    time.sleep(IDLE_PROBE_S)
+    out = {}
+    for name, server in running.items():
+        after = server.cpu_ticks()
+        ticks = sum(after[pid] - t for pid, t in before[name].items() if pid in after)
+        out[name] = ticks / os.sysconf("SC_CLK_TCK") / IDLE_PROBE_S
+    return out
+
+
+def _split_per_server(document: dict, out_dir: Path, stage: int) -> dict[str, Path]:
+    """One document per endpoint of a bench run, in the one-endpoint shape combine_launches takes."""
+    out = {}
+    for endpoint in document["endpoints"]:
+        path = out_dir / f"{endpoint['name']}.{stage}.json"
+        path.write_text(json.dumps({**document, "endpoints": [endpoint]}, indent=1) + "\n")
+        out[endpoint["name"]] = path
     return out
 
 
@@ -255,11 +285,19 @@ def report() -> None:
     print(f"wrote {RESULTS / 'side_by_side.md'}")
 
 
+def _sitting(endpoint: dict) -> str | None:
+    """The in-turns sitting an endpoint's figures come from, or None if it was measured alone."""
+    return (endpoint.get("in_turns") or {}).get("started")
+
+
 def _how_run(doc: dict) -> str:
-    """Which servers were measured together, their repetitions in turns, and which alone."""
-    groups = list(dict.fromkeys(tuple(e["in_turns_with"]) for e in doc["endpoints"] if e.get("in_turns_with")))
-    alone = [e["name"] for e in doc["endpoints"] if not e.get("in_turns_with")]
-    parts = [f"in turns: {', '.join(g)}" for g in groups] + ([f"one at a time: {', '.join(alone)}"] if alone else [])
+    """Which servers' figures come from one in-turns sitting, and which were measured alone."""
+    sittings: dict[str, list[str]] = {}
+    for e in doc["endpoints"]:
+        sittings.setdefault(_sitting(e) or "", []).append(e["name"])
+    parts = [f"in turns at {key}: {', '.join(names)}" for key, names in sittings.items() if key]
+    if sittings.get(""):
+        parts.append(f"one at a time: {', '.join(sittings[''])}")
     return "; ".join(parts)
 
 
@@ -270,8 +308,14 @@ def markdown(doc: dict, torch_gb_s: float) -> str:
     def prefill(e, key="input_tok_s"):
         return figure(doc, e, key, 1, 512, 1)
 
+    def together(a, b) -> str:
+        sittings = {e["name"]: _sitting(e) for e in doc["endpoints"]}
+        return "in turns" if sittings.get(a) and sittings.get(a) == sittings.get(b) else "apart"
+
     cpu = doc["machine"]["cpu"]
-    bw = [e["machine"].get("memory_bandwidth", {}).get("read_gb_s") for e in doc["endpoints"]]
+    # one reading per bench run: servers measured in turns share theirs
+    bw = list({(e.get("in_turns") or {}).get("started") or e["name"]:
+               e["machine"].get("memory_bandwidth", {}).get("read_gb_s") for e in doc["endpoints"]}.values())
     rows = [
         ("single-stream decode, int4 vs Q4_0", "qwen-int4", "llama-q4_0", 1),
         ("8 concurrent streams, int4 vs Q4_0", "qwen-int4", "llama-q4_0", 8),
@@ -295,22 +339,28 @@ def markdown(doc: dict, torch_gb_s: float) -> str:
         "",
         f"CPU: {cpu['model_name']} (family {cpu['family']} model {cpu['model']}), {cpu['usable_cpus']} usable CPUs; "
         f"flags that pick kernels: {' '.join(cpu['key_flags']) or 'none'}. Memory read bandwidth "
-        f"{_bandwidth(bw)} GB/s (numpy, measured by `qwen-serve bench` at the start of each server's run, the "
-        f"server up and idle), {torch_gb_s:.1f} GB/s by the issue's method (torch sum, {os.cpu_count()} threads).",
+        f"{_bandwidth(bw)} GB/s (numpy, measured by `qwen-serve bench` at the start of each bench run, the "
+        f"servers up and idle), {torch_gb_s:.1f} GB/s by the issue's method (torch sum, {os.cpu_count()} threads).",
         "",
         "Output tok/s = all output tokens of a repetition / its wall time (prefill included); prefill tok/s = "
         "prompt tokens / wall time with 1 output token.",
         "",
-        "| figure | qwen-serve | peer | ratio |",
-        "|---|---|---|---|",
+        "A ratio is worth something only between servers measured in turns in one sitting; `apart` marks the rows "
+        "whose two servers were not.",
+        "",
+        "| figure | qwen-serve | peer | ratio | measured |",
+        "|---|---|---|---|---|",
     ]
     for label, ours, peer, c in rows:
-        lines.append(f"| {label} | {_num(f(ours, c))} tok/s | {_num(f(peer, c))} tok/s | {_ratio(f(ours, c), f(peer, c))} |")
+        lines.append(f"| {label} | {_num(f(ours, c))} tok/s | {_num(f(peer, c))} tok/s | {_ratio(f(ours, c), f(peer, c))} "
+                     f"| {together(ours, peer)} |")
     for peer in ("llama-q4_0", "vllm-bf16"):
         lines.append(f"| 512-token prefill, int4 vs {peer} | {_num(prefill('qwen-int4'), 0)} tok/s | "
-                     f"{_num(prefill(peer), 0)} tok/s | {_ratio(prefill('qwen-int4'), prefill(peer))} |")
+                     f"{_num(prefill(peer), 0)} tok/s | {_ratio(prefill('qwen-int4'), prefill(peer))} "
+                     f"| {together('qwen-int4', peer)} |")
     lines.append(f"| TTFT of the 512-token prompt, int4 vs vllm-bf16 (lower is better) | {_num(prefill('qwen-int4', 'ttft_s'), 3)} s | "
-                 f"{_num(prefill('vllm-bf16', 'ttft_s'), 3)} s | {_ratio(prefill('qwen-int4', 'ttft_s'), prefill('vllm-bf16', 'ttft_s'))} |")
+                 f"{_num(prefill('vllm-bf16', 'ttft_s'), 3)} s | {_ratio(prefill('qwen-int4', 'ttft_s'), prefill('vllm-bf16', 'ttft_s'))} "
+                 f"| {together('qwen-int4', 'vllm-bf16')} |")
     lines += ["", "Every server's figures (output tok/s at 1 / 8 / 16 streams; per-stream decode = 1 / median time per "
               "output token at 1 stream; TTFT p50 of the 64-token prompt at 1 stream; "
               f"resident memory after its run, idle for {RSS_SETTLE_S:.0f} s):", "",
@@ -332,26 +382,40 @@ def markdown(doc: dict, torch_gb_s: float) -> str:
     return "\n".join(lines)
 
 
+def check_groups(parser: argparse.ArgumentParser, groups: list[list[str]], only: list[str] | None) -> None:
+    """Before any server starts (vLLM's start takes minutes): every group two or more known
+    servers, none in two groups, and not mixed with --only."""
+    if groups and only:
+        parser.error("--in-turns and --only measure differently: give one of them")
+    seen = [n for group in groups for n in group]
+    for name in seen:
+        if name not in SERVERS:
+            parser.error(f"unknown server {name!r}; known: {', '.join(SERVERS)}")
+    if any(len(group) < 2 for group in groups):
+        parser.error("--in-turns takes two or more servers, comma-separated")
+    if len(set(seen)) < len(seen):
+        parser.error("a server may be in one --in-turns group only, once")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", action="append", choices=(*SERVERS, "scheduler"), help="measure only these")
     parser.add_argument("--in-turns", action="append", default=[], metavar="A,B[,C]",
-                        help="these servers up together, their repetitions interleaved (repeatable: one group each)")
+                        help="two or more servers up together, their repetitions interleaved (repeatable: one group "
+                             "each, a server in one group only)")
     parser.add_argument("--report", action="store_true", help="only merge what is measured and write the report")
     parser.add_argument("--peers", type=Path, default=cache_dir("peers"), help="where setup_peers.py put the peers")
     args = parser.parse_args(argv)
-    peers = Peers(args.peers.expanduser().resolve())
     groups = [[n.strip() for n in group.split(",") if n.strip()] for group in args.in_turns]
-    for name in (n for group in groups for n in group):
-        if name not in SERVERS:
-            raise SystemExit(f"unknown server {name!r}; known: {', '.join(SERVERS)}")
-    for group in groups if not args.report else []:
-        try:
-            measure_in_turns(group, peers)
-        except (RuntimeError, subprocess.CalledProcessError) as exc:
-            print(f"{','.join(group)}: FAILED: {exc}", file=sys.stderr)
-    if not args.report and not groups:
-        for name in args.only or (*SERVERS, "scheduler"):
+    check_groups(parser, groups, args.only)
+    peers = Peers(args.peers.expanduser().resolve())
+    if not args.report:
+        for group in groups:
+            try:
+                measure_in_turns(group, peers)
+            except (RuntimeError, subprocess.CalledProcessError) as exc:
+                print(f"{','.join(group)}: FAILED: {exc}", file=sys.stderr)
+        for name in [] if groups else args.only or (*SERVERS, "scheduler"):
             try:
                 scheduler(peers) if name == "scheduler" else measure(name, peers)
             except (RuntimeError, subprocess.CalledProcessError) as exc:

@@ -85,8 +85,7 @@ def sweep_points(args: argparse.Namespace) -> list[SweepPoint]:
     concurrency = args.concurrency or ([1] if args.prefill else _ints(DEFAULT_CONCURRENCY))
     prompts = args.prompt_tokens or [512 if args.prefill else 64]
     outputs = args.output_tokens or [(1, 1) if args.prefill else (128, 128)]
-    points = [SweepPoint(p, o, c) for p in prompts for o in outputs for c in concurrency]
-    return list(dict.fromkeys(points))  # a point given twice is measured once
+    return list(dict.fromkeys(SweepPoint(p, o, c) for p in prompts for o in outputs for c in concurrency))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """The sweep: for each endpoint, warm up, then for each (prompt length, output length,
 concurrency) run `repetitions` closed-loop repetitions of concurrency x rounds requests, with at
-most `concurrency` in flight, and summarize them."""
+most `concurrency` in flight, and summarize them; endpoint after endpoint, or with the
+endpoints' repetitions of each point taking turns."""
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,7 @@ from .client import Target, stream_one
 from .endpoint import EndpointInfo, EndpointSpec, chat_template_tokens, describe
 from .occupancy import OccupancySampler
 from .prompts import TokenIdPrompts, WordPrompts, load_tokenizer
-from .stats import RequestRecord, repetition, summarize
+from .stats import Repetition, RequestRecord, repetition, summarize
 
 WARMUP_OUTPUT_TOKENS = 16
 
@@ -114,7 +115,7 @@ class EndpointRun:
 
     def __init__(self, spec: EndpointSpec, options: RunOptions) -> None:
         self.spec, self.options = spec, options
-        self.reps: dict[SweepPoint, list] = {}
+        self.reps: dict[SweepPoint, list[Repetition]] = {}
         self.records: dict[SweepPoint, list[RequestRecord]] = {}
         self.timelines: dict[SweepPoint, dict[str, Any]] = {}
 
@@ -172,23 +173,32 @@ def _label(spec: EndpointSpec, point: SweepPoint) -> str:
 async def run_endpoints(specs: Sequence[EndpointSpec], points: Sequence[SweepPoint], options: RunOptions,
                         on_done: Callable[[], None], on_point: Callable[[str], None],
                         interleave: bool = False) -> list[dict[str, Any]]:
-    """Every endpoint over every point. One after another by default; with `interleave`, each
-    point's repetitions take turns across the endpoints (A, B, B, A, A, B, ...: who goes first
-    alternates), so the drift of a shared machine's speed falls on all of them alike and their
-    ratio is measured seconds apart, not minutes. Every repetition records when it started."""
-    clock_start = time.perf_counter()
+    """Every endpoint over every point (a point given twice is measured once), endpoint after
+    endpoint or, with `interleave`, in turns."""
+    points = list(dict.fromkeys(points))
+    run = _in_turns if interleave else _one_after_another
+    return await run(specs, points, options, on_done, on_point, time.perf_counter())
+
+
+async def _one_after_another(specs, points, options, on_done, on_point, clock_start) -> list[dict[str, Any]]:
     out = []
-    if not interleave:
-        for spec in specs:
-            async with EndpointRun(spec, options) as run:
-                on_point(f"{spec.name}: warm-up")
-                await run.warm_up(points)
-                for point in points:
-                    on_point(_label(spec, point))
-                    for _ in range(options.repetitions):
-                        await run.repeat(point, clock_start, on_done)
-                out.append(run.result(points))
-        return out
+    for spec in specs:
+        async with EndpointRun(spec, options) as run:
+            on_point(f"{spec.name}: warm-up")
+            await run.warm_up(points)
+            for point in points:
+                on_point(_label(spec, point))
+                for _ in range(options.repetitions):
+                    await run.repeat(point, clock_start, on_done)
+            out.append(run.result(points))
+    return out
+
+
+async def _in_turns(specs, points, options, on_done, on_point, clock_start) -> list[dict[str, Any]]:
+    """Each point's repetitions take turns across the endpoints (A B, B A, A B, ...: who goes
+    first alternates), so the endpoints' figures are taken seconds apart, not minutes, and a
+    shared machine's slow drift in speed reaches them nearly alike. Every repetition records
+    when it started."""
     async with AsyncExitStack() as stack:
         runs = [await stack.enter_async_context(EndpointRun(spec, options)) for spec in specs]
         for run in runs:

@@ -152,16 +152,20 @@ def run_bench_in_turns(endpoints: Sequence[tuple[str, str, str]], out_dir: Path,
 def combine_launches(paths: Sequence[Path], out: Path) -> Path:
     """One endpoint measured over several launches of its server (llama.cpp restarted with -np
     set to each concurrency): one document, the results of every launch in one endpoint record."""
-    documents = [json.loads(p.read_text()) for p in paths]
+    return write_combined([json.loads(p.read_text()) for p in paths], out)
+
+
+def write_combined(documents: Sequence[dict], out: Path) -> Path:
+    """combine_launches for documents already in memory (one endpoint each); they are not changed."""
     first = documents[0]
-    endpoint = first["endpoints"][0]
-    endpoint["launches"] = [{"notes": d["endpoints"][0].get("notes"), "points": d["settings"]["points"],
-                             "identity": d["endpoints"][0]["identity"]} for d in documents]
-    endpoint["results"] = [r for d in documents for r in d["endpoints"][0]["results"]]
-    resident = [d["endpoints"][0].get("resident_mib_after") for d in documents]
-    endpoint["resident_mib_after"] = max((r for r in resident if r is not None), default=None)
-    first["settings"]["points"] = [pt for d in documents for pt in d["settings"]["points"]]
-    out.write_text(json.dumps(first, indent=1) + "\n")
+    resident = [r for r in (d["endpoints"][0].get("resident_mib_after") for d in documents) if r is not None]
+    endpoint = {**first["endpoints"][0],
+                "launches": [{"notes": d["endpoints"][0].get("notes"), "points": d["settings"]["points"],
+                              "identity": d["endpoints"][0]["identity"]} for d in documents],
+                "results": [r for d in documents for r in d["endpoints"][0]["results"]],
+                "resident_mib_after": max(resident, default=None)}
+    settings = {**first["settings"], "points": [pt for d in documents for pt in d["settings"]["points"]]}
+    out.write_text(json.dumps({**first, "settings": settings, "endpoints": [endpoint]}, indent=1) + "\n")
     return out
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/side_by_side.py's report says which ratios come from servers measured in turns in
+"""The side-by-side's report (benchmarks/side_by_side_report.py) says which ratios come from servers measured in turns in
 one sitting and which do not, and its --in-turns groups are checked before any server starts."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import side_by_side  # noqa: E402
+import side_by_side_report  # noqa: E402
 
 MACHINE = {"cpu": {"model_name": "a CPU", "family": "25", "model": "17", "usable_cpus": 2, "key_flags": ["avx2"]},
            "memory_bandwidth": {"read_gb_s": 30.0}}
@@ -28,7 +29,7 @@ def test_ratio_rows_say_whether_their_two_servers_took_turns_in_one_sitting():
     doc = {"created": "now", "machine": MACHINE, "endpoints": [
         endpoint("qwen-int4", 40.0, "07:05"), endpoint("llama-q4_0", 20.0, "07:05"),
         endpoint("qwen-bf16", 30.0, "06:00"), endpoint("llama-bf16", 10.0, "07:05"), endpoint("vllm-bf16", 5.0, None)]}
-    text = side_by_side.markdown(doc, torch_gb_s=30.0)
+    text = side_by_side_report.markdown(doc, torch_gb_s=30.0)
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in text.splitlines()
             if line.startswith("| ") and "vs" in line}
     assert rows["single-stream decode, int4 vs Q4_0"] == ["40.0 tok/s", "20.0 tok/s", "2.00x", "in turns"]

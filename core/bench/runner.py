@@ -142,9 +142,8 @@ class EndpointRun:
 
     async def repeat(self, point: SweepPoint, clock_start: float, on_done: Callable[[], None]) -> None:
         """One more repetition of `point`; the first samples /metrics when asked to."""
-        first = point not in self.reps
         sampler = None
-        if self.options.sample_metrics_s and first:
+        if self.options.sample_metrics_s and point not in self.reps:
             sampler = OccupancySampler(self.session, self.spec.url, self.options.sample_metrics_s)
         rep, records = await run_point(self.session, self.target, self.prompts, point,
                                        point.concurrency * self.options.rounds, self.rng, on_done, sampler, clock_start)
@@ -173,9 +172,8 @@ def _label(spec: EndpointSpec, point: SweepPoint) -> str:
 async def run_endpoints(specs: Sequence[EndpointSpec], points: Sequence[SweepPoint], options: RunOptions,
                         on_done: Callable[[], None], on_point: Callable[[str], None],
                         interleave: bool = False) -> list[dict[str, Any]]:
-    """Every endpoint over every point (a point given twice is measured once), endpoint after
-    endpoint or, with `interleave`, in turns."""
-    points = list(dict.fromkeys(points))
+    """Every endpoint over every point (each point once: results and samples are kept per point),
+    endpoint after endpoint or, with `interleave`, in turns."""
     run = _in_turns if interleave else _one_after_another
     return await run(specs, points, options, on_done, on_point, time.perf_counter())
 

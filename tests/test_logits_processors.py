@@ -149,6 +149,38 @@ def test_mlx_min_p_draws_only_kept_tokens():
     assert {sampler.sample(logits, [params], [key]).token_ids[0] for _ in range(150)} == {0, 1, 2}
 
 
+@pytest.mark.parametrize("penalty", [5e-324, 1e-40, 1e300])
+def test_extreme_repetition_penalties_keep_logits_finite_and_sampling_working(penalty):
+    """Any finite penalty > 0 is valid; one far below float32's range must not turn a seen
+    token's logit into inf (or 0 / 0 into NaN) and sampling into an error, on either backend."""
+    from qwen_serve.backends.mlx.mx import mx
+    from qwen_serve.backends.mlx.sampler import MLXSampler
+    from qwen_serve.backends.mlx.sampler import apply_adjustment as mlx_apply
+
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(4)) * 4
+    logits[0, 5] = 0.0
+    reqs = [request([1, 5, 9], [3], repetition_penalty=penalty, temperature=1e-300),
+            request([7], [8, 8], repetition_penalty=penalty, temperature=1.0)]
+    rows = []
+    for req in reqs:
+        state = Penalties(config()).start(req)
+        rows.append(state.adjust(req))
+    batch = BatchAdjustment.of_rows(rows)
+    ours = apply_adjustment(logits, batch)
+    np.testing.assert_allclose(ours.numpy(), np.array(mlx_apply(mx.array(logits.numpy()), batch)),
+                               rtol=1e-6, atol=1e-37)  # subnormals may flush to zero on one of them
+    assert torch.isfinite(ours).all()
+    params = [r.params for r in reqs]
+    for sampler in (TorchSampler(), MLXSampler()):
+        generators = [sampler.make_generator(i) for i in range(2)]
+        rows_in = ours if isinstance(sampler, TorchSampler) else mx.array(logits.numpy())
+        tokens = sampler.sample(rows_in, params, generators,
+                                adjustment=None if isinstance(sampler, TorchSampler) else batch).token_ids
+        assert all(0 <= t < VOCAB for t in tokens)
+        top = torch.nonzero(ours[0] == ours[0].max()).flatten().tolist()  # several, when clamped to float32's max
+        assert tokens[0] in top  # a temperature of 1e-300 draws a top token
+
+
 def test_out_of_vocabulary_ids_are_invalid_requests():
     with pytest.raises(InvalidRequest, match="logit_bias: token id 64 is outside"):
         LogitBias(config()).validate(SamplingParams(logit_bias={64: 1.0}))

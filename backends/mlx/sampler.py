@@ -17,6 +17,8 @@ from qwen_serve.protocols import SampleResult
 
 from .mx import mx
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 
 class RequestKey:
     """A request's PRNG key chain: seeded once, split per draw."""
@@ -108,6 +110,7 @@ def apply_adjustment(logits: mx.array, adjustment: BatchAdjustment) -> mx.array:
         negative = picked < 0  # transformers' arithmetic: x * p below zero, x / p otherwise
         logits = logits.at[rows, ids].multiply(mx.where(negative, factors, 1.0))
         logits = logits.at[rows, ids].divide(mx.where(negative, 1.0, factors))
+        logits = mx.clip(logits, -FLOAT32_MAX, FLOAT32_MAX)  # a tiny penalty overflows: keep it finite
     if len(a.bias_rows):
         logits = logits.at[mx.array(a.bias_rows), mx.array(a.bias_ids)].add(mx.array(a.bias_values))
     if len(a.mask_rows):

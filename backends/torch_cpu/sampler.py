@@ -12,6 +12,8 @@ from qwen_serve.engine.sampling_params import SamplingParams
 from qwen_serve.logits.adjustment import BatchAdjustment
 from qwen_serve.protocols import SampleResult
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
 
 class TorchSampler:
     def make_generator(self, seed: int) -> torch.Generator:
@@ -82,7 +84,8 @@ def apply_adjustment(logits: torch.Tensor, adjustment: BatchAdjustment) -> torch
     if len(a.penalty_rows):
         rows, ids = torch.from_numpy(a.penalty_rows), torch.from_numpy(a.penalty_ids)
         picked, factors = out[rows, ids], torch.from_numpy(a.penalty_factors)
-        out[rows, ids] = torch.where(picked < 0, picked * factors, picked / factors)  # transformers' arithmetic
+        penalized = torch.where(picked < 0, picked * factors, picked / factors)  # transformers' arithmetic
+        out[rows, ids] = penalized.clamp(-FLOAT32_MAX, FLOAT32_MAX)  # a tiny penalty overflows: keep it finite
     if len(a.bias_rows):
         rows, ids = torch.from_numpy(a.bias_rows), torch.from_numpy(a.bias_ids)
         out[rows, ids] += torch.from_numpy(a.bias_values)  # (row, id) pairs are unique

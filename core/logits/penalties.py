@@ -14,6 +14,8 @@ from ..errors import InvalidRequest
 from ..protocols import LogitsRequest
 from .adjustment import LogitsAdjustment
 
+FLOAT32 = np.finfo(np.float32)
+
 
 class _Stateless:
     def accept(self, token_id: int) -> None:
@@ -46,13 +48,15 @@ class PenaltyState(_Stateless):
         self.frequency = params.frequency_penalty
         self.repetition = params.repetition_penalty
         self.prompt_tokens = np.unique(np.asarray(prompt, dtype=np.int64)) if self.repetition != 1.0 else None
+        # In float32's normal range: a penalty of 1e-320 must not become 0 there (x / 0 is inf, 0 / 0 NaN).
+        self.factor = float(np.clip(self.repetition, FLOAT32.tiny, FLOAT32.max))
 
     def adjust(self, request: LogitsRequest) -> LogitsAdjustment | None:
         generated, counts = np.unique(np.asarray(request.output_token_ids, dtype=np.int64), return_counts=True)
         parts = {}
         if self.prompt_tokens is not None:
             seen = np.union1d(self.prompt_tokens, generated)
-            parts.update(penalty_ids=seen, penalty_factors=np.full(len(seen), self.repetition, dtype=np.float32))
+            parts.update(penalty_ids=seen, penalty_factors=np.full(len(seen), self.factor, dtype=np.float32))
         if (self.presence or self.frequency) and len(generated):
             values = -(self.frequency * counts + self.presence)
             parts.update(bias_ids=generated, bias_values=values.astype(np.float32))

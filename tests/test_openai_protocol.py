@@ -52,7 +52,23 @@ def test_defaults_are_the_spec_defaults():
     req = chat()
     assert req.params == SamplingParams(temperature=0.0, top_p=1.0, top_k=0, max_tokens=256)
     assert not req.stream and not req.include_usage and req.response_format is None and req.tools == ()
-    assert req.tool_choice.mode == "auto"
+    assert req.tool_choice.mode == "auto" and not req.max_tokens_given
+    assert chat(max_completion_tokens=5).max_tokens_given
+
+
+def test_a_null_field_is_the_field_left_out():
+    """As the OpenAPI document says (every optional property may be null), at any depth."""
+    from qwen_serve.server.openapi import CHAT_REQUEST
+
+    optional = [name for name in CHAT_REQUEST["properties"] if name != "messages"]
+    assert chat(**dict.fromkeys(optional)) == chat()
+    history = [{"role": "user", "content": "Weather?", "name": None},
+               {"role": "assistant", "content": None, "reasoning_content": None, "tool_calls": [
+                   {"id": "c1", "type": None, "function": {"name": "f", "arguments": "{}"}}]}]
+    assert chat(messages=history).messages == chat(messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "function": {"name": "f",
+                                                                                        "arguments": "{}"}}]}]).messages
 
 
 @pytest.mark.parametrize("response_format, expected", [
@@ -147,7 +163,7 @@ def test_messages_are_shaped_for_the_template():
 def test_completion_prompts(prompt, expected):
     req = parse_completion_request(json.dumps({"prompt": prompt, "logprobs": 2, "n": 2}).encode(), VOCAB)
     assert req.prompts == expected
-    assert req.params == SamplingParams(max_tokens=16, logprobs=2, n=2)
+    assert req.params == SamplingParams(max_tokens=16, logprobs=2, n=2) and not req.max_tokens_given
 
 
 def test_tokenize_and_detokenize_requests():
@@ -158,5 +174,8 @@ def test_tokenize_and_detokenize_requests():
     assert not req.add_special_tokens  # the template writes the special tokens
     assert parse_tokenize_request(b'{"prompt": "hi"}').add_special_tokens
     assert parse_detokenize_request(b'{"tokens": [1, 2]}', 100).tokens == [1, 2]
+    assert parse_detokenize_request(b'{"tokens": [1.0, 2]}', 100).tokens == [1, 2]  # an integer to JSON Schema
+    with pytest.raises(InvalidRequest, match=r"'tokens' must hold token ids"):
+        parse_detokenize_request(b'{"tokens": [1.5]}', 100)
     with pytest.raises(InvalidRequest, match=r"'tokens' must hold token ids in \[0, 100\)"):
         parse_detokenize_request(b'{"tokens": [1, 100]}', 100)

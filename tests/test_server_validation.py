@@ -142,6 +142,9 @@ BAD_REQUESTS = [
     ("completions: unknown model", "POST", "/v1/completions", completion(model="gpt-4o"), 404),
     ("tokenize: no prompt or messages", "POST", "/tokenize", {}, 400),
     ("tokenize: both prompt and messages", "POST", "/tokenize", {"prompt": "a", "messages": HELLO}, 400),
+    ("tokenize: a prompt with chat_template_kwargs not an object", "POST", "/tokenize",
+     {"prompt": "a", "chat_template_kwargs": False}, 400),
+    ("tokenize: a prompt with tools not an array", "POST", "/tokenize", {"prompt": "a", "tools": {}}, 400),
     ("detokenize: id over vocab", "POST", "/detokenize", {"tokens": [1, 999999]}, 400),
     ("detokenize: tokens as string", "POST", "/detokenize", {"tokens": "abc"}, 400),
     ("priority under fcfs", "POST", "/v1/chat/completions", body(priority=1), 400),
@@ -277,6 +280,22 @@ def test_length_limit_is_exact(server):
     assert status == 200, raw
     status, headers, raw = server.chat(body(messages=long_prompt, max_tokens=MAX_SEQ_LEN - prompt_tokens + 1))
     assert_openai_error(status, headers, raw, 400)
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+def test_an_omitted_max_tokens_fits_what_the_prompt_leaves(server, route):
+    """Without max_tokens the default (256 for chat, over this server's room) shrinks to fit,
+    as in vLLM; the same count asked for explicitly is refused (test_length_limit_is_exact)."""
+    chat = route.endswith("chat/completions")
+    prompt = {"messages": [{"role": "user", "content": "word " * (MAX_SEQ_LEN - 40)}]} if chat else {
+        "prompt": [100] * (MAX_SEQ_LEN - 8)}  # leaves less than the default of 16
+    status, _, raw = server.request("POST", route, {**prompt, "ignore_eos": True})
+    assert status == 200, raw
+    reply = json.loads(raw)
+    room = MAX_SEQ_LEN - reply["usage"]["prompt_tokens"]
+    assert room < (256 if chat else 16)
+    assert reply["usage"]["completion_tokens"] == room
+    assert reply["choices"][0]["finish_reason"] == "length"
 
 
 def test_wrong_method_names_the_allowed_one(server):

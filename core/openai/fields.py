@@ -94,6 +94,8 @@ def _typed(body: dict, name: str, where: str, required: bool, kind: type, noun: 
 
 
 def token_id(value: Any, field: str, vocab_size: int) -> int:
+    if isinstance(value, float) and value.is_integer():  # as integer() reads it
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
         raise InvalidRequest(f"'{field}' must hold token ids in [0, {vocab_size}), got {value!r}", param=field)
     return value

@@ -77,7 +77,7 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
     if not isinstance(call, dict):
         raise InvalidRequest(f"'{where}' must be an object", param=where)
     call_id = string(call, "id", where, required=True)
-    if call.get("type", "function") != "function":
+    if call.get("type") not in (None, "function"):
         raise InvalidRequest(f"'{where}.type' must be \"function\"", param=f"{where}.type")
     function = call.get("function")
     if not isinstance(function, dict):

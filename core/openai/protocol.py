@@ -34,6 +34,7 @@ class ChatRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     response_format: ResponseFormat | None = None
     priority: int = 0  # lower is served first under --scheduling-policy priority (vLLM's meaning)
+    max_tokens_given: bool = True  # False: params.max_tokens is the default, cut to fit (ServedModel.fit)
 
     @property
     def top_logprobs(self) -> int | None:
@@ -49,6 +50,7 @@ class CompletionRequest:
     model: str | None
     include_usage: bool = False
     priority: int = 0
+    max_tokens_given: bool = True
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ def parse_chat_request(raw: bytes, vocab_size: int) -> ChatRequest:
     return ChatRequest(
         messages, params, stream, _model(body), _include_usage(body, stream), tools,
         parse_tool_choice(body.get("tool_choice"), tools), template_kwargs(body),
-        parse_response_format(body.get("response_format")), _priority(body))
+        parse_response_format(body.get("response_format")), _priority(body),
+        _given(body, "max_tokens", "max_completion_tokens"))
 
 
 def parse_completion_request(raw: bytes, vocab_size: int) -> CompletionRequest:
@@ -101,19 +104,20 @@ def parse_completion_request(raw: bytes, vocab_size: int) -> CompletionRequest:
     if best_of is not None and best_of != params.n:
         raise InvalidRequest("'best_of' other than n is not supported", param="best_of")
     stream = boolean(body, "stream", False)
-    return CompletionRequest(prompts, params, stream, _model(body), _include_usage(body, stream), _priority(body))
+    return CompletionRequest(prompts, params, stream, _model(body), _include_usage(body, stream), _priority(body),
+                             _given(body, "max_tokens"))
 
 
 def parse_tokenize_request(raw: bytes) -> TokenizeRequest:
     body = parse_json_object(raw)
     model = _model(body)
-    if ("prompt" in body) == ("messages" in body):
+    with_prompt = body.get("prompt") is not None
+    if with_prompt == (body.get("messages") is not None):
         raise InvalidRequest("give either 'prompt' or 'messages'", param="prompt")
-    if "prompt" in body:
-        return TokenizeRequest(string(body, "prompt", required=True), None, model,
-                               boolean(body, "add_special_tokens", True),
-                               return_token_strs=boolean(body, "return_token_strs", False))
-    return TokenizeRequest(None, parse_messages(body["messages"]), model, boolean(body, "add_special_tokens", False),
+    # The chat-only fields are checked with a prompt too (and then unused), as the schema documents them.
+    prompt = string(body, "prompt", required=True) if with_prompt else None
+    messages = None if with_prompt else parse_messages(body["messages"])
+    return TokenizeRequest(prompt, messages, model, boolean(body, "add_special_tokens", with_prompt),
                            boolean(body, "add_generation_prompt", True), parse_tools(body.get("tools")),
                            template_kwargs(body), boolean(body, "return_token_strs", False))
 
@@ -138,6 +142,10 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 
 def _priority(body: dict[str, Any]) -> int:
     return integer(body, "priority", 0, -(2**63), 2**63 - 1)
+
+
+def _given(body: dict[str, Any], *names: str) -> bool:
+    return any(body.get(name) is not None for name in names)
 
 
 def _model(body: dict[str, Any]) -> str | None:

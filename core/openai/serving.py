@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 from aiohttp import web
@@ -14,6 +14,7 @@ from aiohttp import web
 from ..engine.async_engine import EngineFailure
 from ..engine.client import EngineClient
 from ..engine.engine import RequestOutput
+from ..engine.sampling_params import SamplingParams
 from ..models.tokenizer import Tokenizer
 from .chat_format import ChatFormat
 from .responses import error_body, json_response, model_not_found, now, usage
@@ -37,6 +38,15 @@ class ServedModel:
     @property
     def max_seq_len(self) -> int:
         return self.engine.engine.max_seq_len
+
+    def fit(self, params: SamplingParams, prompt_len: int, max_tokens_given: bool) -> SamplingParams:
+        """An omitted max_tokens is its default or the room the prompt leaves under max_seq_len,
+        whichever is less (as in vLLM): only a max_tokens the client asked for is refused for
+        not fitting."""
+        room = self.max_seq_len - prompt_len
+        if max_tokens_given or params.max_tokens <= room or room < max(1, params.min_tokens):
+            return params
+        return replace(params, max_tokens=room)
 
     def refuse_model(self, requested: str | None) -> web.Response | None:
         """A 404 when the request names a model this server does not serve."""

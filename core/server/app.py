@@ -162,8 +162,10 @@ class ChatServer:
 
     async def openapi(self, request: web.Request) -> web.Response:
         info = self.info
+        served = self.served
         return json_response(openapi_document(info.model if info else None, bool(self.options.api_keys),
-                                              self.options.metrics_public, info.max_seq_len if info else None))
+                                              self.options.metrics_public, info.max_seq_len if info else None,
+                                              served.vocab_size if served else None))
 
     async def models(self, request: web.Request) -> web.Response:
         return json_response({"object": "list", "data": [

@@ -9,6 +9,7 @@ from typing import Any
 from ..openai.messages import ROLES
 from ..openai.protocol import DEFAULT_COMPLETION_MAX_TOKENS, DEFAULT_MAX_TOKENS, REASONING_EFFORTS
 from ..openai.sampling_fields import MAX_N, MAX_STOPS
+from ..openai.tools import NAME as TOOL_NAME
 
 INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
 ERROR = {"$ref": "#/components/schemas/Error"}
@@ -50,9 +51,10 @@ MESSAGE = {"anyOf": [  # by role, as qwen_serve.openai.messages reads them
      "properties": {"role": {"const": "tool"}, "content": CONTENT, "tool_call_id": {"type": "string"},
                     "name": {"type": "string"}, "tool_calls": {"type": "null"}}},
 ]}
-TOKEN_ID = {"type": "integer", "minimum": 0, "description": "below the vocabulary size"}
+TOKEN_ID = {"$ref": "#/components/schemas/TokenId"}  # bounded by this server's vocabulary (token_id_schema)
 TOKEN_IDS = {"type": "array", "minItems": 1, "items": TOKEN_ID}
 NONNEGATIVE_INT = {"type": "integer", "minimum": 0}
+DEFAULT_FITS = "omitted: the default, or fewer when the prompt leaves less room under the maximum sequence length"
 SAMPLING = {  # the fields chat and legacy completions share (qwen_serve.openai.sampling_fields)
     "model": {"type": "string", "description": "optional; a name this server does not serve is a 404"},
     "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 0},
@@ -80,17 +82,26 @@ SAMPLING = {  # the fields chat and legacy completions share (qwen_serve.openai.
 }
 SSE_EVENT = {"type": "object", "required": ["data"], "description": "each event's data is a chunk as JSON, the "
              "last one [DONE]", "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
-STREAM_OPTIONS_NEED_STREAM = {"stream_options": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
+
+
+def _needs(field: str, kind: str, other: str) -> dict[str, Any]:
+    """``field`` given (not null) needs ``other`` to be true."""
+    return {"if": {"required": [field], "properties": {field: {"type": kind}}},
+            "then": {"required": [other], "properties": {other: {"const": True}}}}
+
+
+STREAM_OPTIONS_NEED_STREAM = _needs("stream_options", "object", "stream")
 TOOL = {"type": "object", "required": ["type", "function"],
         "properties": {"type": {"const": "function"}, "function": {
             "type": "object", "required": ["name"],
-            "properties": {"name": {"type": "string"}, "description": {"type": "string"},
+            "properties": {"name": {"type": "string", "pattern": f"^{TOOL_NAME.pattern}$"},
+                           "description": {"type": "string"},
                            "parameters": {"type": "object", "description": "a JSON Schema"}}}}}
 CHAT_REQUEST = {
     "type": "object", "required": ["messages"],
     "properties": {
         "messages": {"type": "array", "minItems": 1, "items": MESSAGE},
-        "max_tokens": {"type": "integer", "minimum": 1, "default": DEFAULT_MAX_TOKENS},
+        "max_tokens": {"type": "integer", "minimum": 1, "default": DEFAULT_MAX_TOKENS, "description": DEFAULT_FITS},
         "max_completion_tokens": {"type": "integer", "minimum": 1, "description": "takes precedence over max_tokens"},
         **SAMPLING,
         "logprobs": {"type": "boolean", "default": False},
@@ -109,23 +120,26 @@ CHAT_REQUEST = {
         "chat_template_kwargs": {"type": "object", "description": "e.g. {\"enable_thinking\": false}"},
         "reasoning_effort": {"enum": list(REASONING_EFFORTS), "description": "none: enable_thinking false"},
     },
-    "dependentSchemas": {**STREAM_OPTIONS_NEED_STREAM,
-                         "top_logprobs": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}},
+    "allOf": [STREAM_OPTIONS_NEED_STREAM, _needs("top_logprobs", "integer", "logprobs")],
 }
+PROMPT_TEXT = {"type": "string", "minLength": 1}  # an empty prompt is a 400
 COMPLETION_REQUEST = {
     "type": "object", "required": ["prompt"],
     "properties": {
-        "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}},
+        "prompt": {"oneOf": [PROMPT_TEXT, {"type": "array", "minItems": 1, "items": PROMPT_TEXT},
                              TOKEN_IDS, {"type": "array", "minItems": 1, "items": TOKEN_IDS}]},
-        "max_tokens": {"type": "integer", "minimum": 1, "default": DEFAULT_COMPLETION_MAX_TOKENS},
+        "max_tokens": {"type": "integer", "minimum": 1, "default": DEFAULT_COMPLETION_MAX_TOKENS,
+                       "description": DEFAULT_FITS},
         **SAMPLING,
         "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
         "best_of": {"type": "integer", "minimum": 1, "description": "only equal to n"},
     },
-    "dependentSchemas": STREAM_OPTIONS_NEED_STREAM,
+    "allOf": [STREAM_OPTIONS_NEED_STREAM],
 }
 TOKENIZE_REQUEST = {
     "type": "object", "description": "either prompt or messages",
+    "oneOf": [{"required": [name], "properties": {name: {"type": kind}}}
+              for name, kind in (("prompt", "string"), ("messages", "array"))],
     "properties": {
         "model": SAMPLING["model"],
         "prompt": {"type": "string"},
@@ -186,16 +200,34 @@ UNAVAILABLE = _error("loading, draining, the engine has stopped, or the request 
                      RETRY_AFTER)
 
 
-def request_schema(schema: dict[str, Any], max_seq_len: int | None) -> dict[str, Any]:
-    """A generating request's schema, with this server's length limit on max_tokens (the prompt
-    takes at least one of max_seq_len's tokens)."""
-    if max_seq_len is None:
-        return schema
+def request_schema(schema: dict[str, Any], max_seq_len: int | None = None) -> dict[str, Any]:
+    """A request's schema as this server reads it: an optional field may be null (null means
+    omitted, as OpenAI's own schema allows), and max_tokens has this server's length limit (the
+    prompt takes at least one of max_seq_len's tokens)."""
     properties = dict(schema["properties"])
-    for name in ("max_tokens", "max_completion_tokens"):
-        if name in properties:
-            properties[name] = {**properties[name], "maximum": max_seq_len - 1}
-    return {**schema, "properties": properties}
+    if max_seq_len is not None:
+        for name in ("max_tokens", "max_completion_tokens"):
+            if name in properties:
+                properties[name] = {**properties[name], "maximum": max_seq_len - 1}
+    return null_means_omitted({**schema, "properties": properties})
+
+
+def null_means_omitted(schema: Any) -> Any:
+    """``schema`` with every optional property, at any depth, also allowed to be null: the
+    protocol's readers take a null as the field left out. (An ``if`` is a condition on a given
+    value, so it is left as it is.)"""
+    if isinstance(schema, list):
+        return [null_means_omitted(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: value if key == "if" else null_means_omitted(value) for key, value in schema.items()
+           if key != "properties"}
+    if "properties" in schema:
+        required = set(schema.get("required", ()))
+        out["properties"] = {name: null_means_omitted(field) if name in required
+                             else {"anyOf": [null_means_omitted(field), {"type": "null"}]}
+                             for name, field in schema["properties"].items()}
+    return out
 
 
 def _generating(operation_id: str, request: str, response: str, unauthorized: dict) -> dict[str, Any]:
@@ -224,8 +256,14 @@ def _tokenizing(operation_id: str, request: str, response: dict[str, Any], unaut
                       "503": UNAVAILABLE}}}
 
 
+def token_id_schema(vocab_size: int | None) -> dict[str, Any]:
+    if vocab_size is None:
+        return {"type": "integer", "minimum": 0, "description": "below the vocabulary size"}
+    return {"type": "integer", "minimum": 0, "maximum": vocab_size - 1}
+
+
 def openapi_document(model: str | None, protected: bool, metrics_public: bool,
-                     max_seq_len: int | None = None) -> dict[str, Any]:
+                     max_seq_len: int | None = None, vocab_size: int | None = None) -> dict[str, Any]:
     """protected: whether API keys guard the routes (all but /health and this document, and
     /metrics with metrics_public)."""
     secured = [{"bearer": []}] if protected else []
@@ -246,8 +284,8 @@ def openapi_document(model: str | None, protected: bool, metrics_public: bool,
                         "ChatCompletionRequest": request_schema(CHAT_REQUEST, max_seq_len),
                         "ChatCompletion": CHAT_COMPLETION,
                         "CompletionRequest": request_schema(COMPLETION_REQUEST, max_seq_len),
-                        "Completion": COMPLETION, "TokenizeRequest": TOKENIZE_REQUEST,
-                        "DetokenizeRequest": DETOKENIZE_REQUEST},
+                        "Completion": COMPLETION, "TokenizeRequest": request_schema(TOKENIZE_REQUEST),
+                        "DetokenizeRequest": request_schema(DETOKENIZE_REQUEST), "TokenId": token_id_schema(vocab_size)},
         },
         "paths": {
             "/health": {"get": {**open_, "operationId": "health", "responses": {

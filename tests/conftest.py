@@ -6,6 +6,11 @@ from pathlib import Path
 
 import pytest
 
+# The overload server's fixtures, defined here once for every module: a module that imported them
+# would get its own copy of the session-scoped control directory, and the server the modules share
+# reads only the first one's (a later module's step-delay then never reached it).
+from overload_server import overload_control, overload_server, step_delay  # noqa: F401
+
 from qwen_serve.conformance.models import QWEN3_0_6B, Qwen3Geometry, make_qwen3_checkpoint, smollm2_gguf
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

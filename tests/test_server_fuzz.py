@@ -13,7 +13,6 @@ from collections import Counter
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from overload_server import overload_control, overload_server  # noqa: F401 (fixtures)
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 

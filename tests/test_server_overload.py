@@ -18,7 +18,7 @@ import time
 import aiohttp
 import openai
 import pytest
-from overload_server import MAX_BATCH, MAX_QUEUE, overload_control, overload_server, step_delay  # noqa: F401
+from overload_server import MAX_BATCH, MAX_QUEUE
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import StreamCollector, request_log
 from sse_client import SSEClient

@@ -37,7 +37,7 @@ class ChatCompletions:
             return refusal
         chat_format = served.chat_format
         rendered = chat_format.render(req.messages, req.tools, req.tool_choice, req.template_kwargs)
-        params = served.fit(req.params, len(rendered.token_ids), req.max_tokens_given)
+        params = served.fit_default_max_tokens(req.params, len(rendered.token_ids), req.max_tokens_given)
         structured = structured_output(req.response_format, req.tool_choice, req.tools,
                                        chat_format.constraint_start(rendered))
         if structured is not None:

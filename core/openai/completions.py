@@ -36,7 +36,8 @@ class Completions:
         n = req.params.n
         tally = ReplyTally(new_completion_id("cmpl"), len(prompts) * n, sum(len(p) for p in prompts), arrival)
         # Every prompt is validated before any of them is queued.
-        streams = [served.engine.generate(f"{tally.id}-{i}", p, served.fit(req.params, len(p), req.max_tokens_given),
+        streams = [served.engine.generate(f"{tally.id}-{i}", p,
+                                          served.fit_default_max_tokens(req.params, len(p), req.max_tokens_given),
                                           arrival, priority=req.priority) for i, p in enumerate(prompts)]
         served.metrics.record_request()
         choices = [_TextChoice(i, served.tokenizer, req.params.logprobs) for i in range(len(prompts) * n)]

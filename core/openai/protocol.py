@@ -34,7 +34,7 @@ class ChatRequest:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     response_format: ResponseFormat | None = None
     priority: int = 0  # lower is served first under --scheduling-policy priority (vLLM's meaning)
-    max_tokens_given: bool = True  # False: params.max_tokens is the default, cut to fit (ServedModel.fit)
+    max_tokens_given: bool = True  # False: params.max_tokens is the default (ServedModel.fit_default_max_tokens)
 
     @property
     def top_logprobs(self) -> int | None:

@@ -39,7 +39,8 @@ class ServedModel:
     def max_seq_len(self) -> int:
         return self.engine.engine.max_seq_len
 
-    def fit(self, params: SamplingParams, prompt_len: int, max_tokens_given: bool) -> SamplingParams:
+    def fit_default_max_tokens(self, params: SamplingParams, prompt_len: int,
+                               max_tokens_given: bool) -> SamplingParams:
         """An omitted max_tokens is its default or the room the prompt leaves under max_seq_len,
         whichever is less (as in vLLM): only a max_tokens the client asked for is refused for
         not fitting."""

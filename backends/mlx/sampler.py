@@ -110,7 +110,8 @@ def apply_adjustment(logits: mx.array, adjustment: BatchAdjustment) -> mx.array:
         negative = picked < 0  # transformers' arithmetic: x * p below zero, x / p otherwise
         logits = logits.at[rows, ids].multiply(mx.where(negative, factors, 1.0))
         logits = logits.at[rows, ids].divide(mx.where(negative, 1.0, factors))
-        logits = mx.clip(logits, -FLOAT32_MAX, FLOAT32_MAX)  # a tiny penalty overflows: keep it finite
+        # a tiny penalty overflows: keep the penalized logits finite (as torch's clamp)
+        logits = logits.at[rows, ids].minimum(FLOAT32_MAX).at[rows, ids].maximum(-FLOAT32_MAX)
     if len(a.bias_rows):
         logits = logits.at[mx.array(a.bias_rows), mx.array(a.bias_ids)].add(mx.array(a.bias_values))
     if len(a.mask_rows):

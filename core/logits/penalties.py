@@ -46,10 +46,10 @@ class PenaltyState(_Stateless):
     def __init__(self, params: SamplingParams, prompt: list[int]) -> None:
         self.presence = params.presence_penalty
         self.frequency = params.frequency_penalty
-        self.repetition = params.repetition_penalty
-        self.prompt_tokens = np.unique(np.asarray(prompt, dtype=np.int64)) if self.repetition != 1.0 else None
+        repetition = params.repetition_penalty
+        self.prompt_tokens = np.unique(np.asarray(prompt, dtype=np.int64)) if repetition != 1.0 else None
         # In float32's normal range: a penalty of 1e-320 must not become 0 there (x / 0 is inf, 0 / 0 NaN).
-        self.factor = float(np.clip(self.repetition, FLOAT32.tiny, FLOAT32.max))
+        self.factor = float(np.clip(repetition, FLOAT32.tiny, FLOAT32.max))
 
     def adjust(self, request: LogitsRequest) -> LogitsAdjustment | None:
         generated, counts = np.unique(np.asarray(request.output_token_ids, dtype=np.int64), return_counts=True)

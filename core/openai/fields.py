@@ -53,8 +53,7 @@ def integer(body: dict, name: str, default: int | None, low: int, high: int | No
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, float) and value.is_integer():  # 8.0 is an integer to JSON Schema (and pydantic)
-        value = int(value)
+    value = _integral(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidRequest(f"'{field}' must be an integer", param=field)
     if value < low or (high is not None and value > high):
@@ -93,9 +92,13 @@ def _typed(body: dict, name: str, where: str, required: bool, kind: type, noun: 
     return value
 
 
+def _integral(value: Any) -> Any:
+    """8.0 as 8: an integer to JSON Schema (and pydantic); anything else as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def token_id(value: Any, field: str, vocab_size: int) -> int:
-    if isinstance(value, float) and value.is_integer():  # as integer() reads it
-        value = int(value)
+    value = _integral(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
         raise InvalidRequest(f"'{field}' must hold token ids in [0, {vocab_size}), got {value!r}", param=field)
     return value

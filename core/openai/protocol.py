@@ -115,7 +115,7 @@ def parse_tokenize_request(raw: bytes) -> TokenizeRequest:
     if with_prompt == (body.get("messages") is not None):
         raise InvalidRequest("give either 'prompt' or 'messages'", param="prompt")
     # The chat-only fields are checked with a prompt too (and then unused), as the schema documents them.
-    prompt = string(body, "prompt", required=True) if with_prompt else None
+    prompt = string(body, "prompt")
     messages = None if with_prompt else parse_messages(body["messages"])
     return TokenizeRequest(prompt, messages, model, boolean(body, "add_special_tokens", with_prompt),
                            boolean(body, "add_generation_prompt", True), parse_tools(body.get("tools")),

@@ -273,10 +273,10 @@ def test_greedy_with_in_place_attention_equals_the_gather_path(qwen3_tiny, monke
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     seen = []
     real_layout = model_module.paged_decode_layout
-    monkeypatch.setattr(model_module, "paged_decode_layout", lambda b, c: seen.append(real_layout(b, c)) or seen[-1])
+    monkeypatch.setattr(model_module, "paged_decode_layout", lambda *a: seen.append(real_layout(*a)) or seen[-1])
     in_place = [o.token_ids for o in llm.generate(prompts, params)]
     assert any(p is not None for p in seen)  # the kernel did run
-    monkeypatch.setattr(model_module, "paged_decode_layout", lambda b, c: None)
+    monkeypatch.setattr(model_module, "paged_decode_layout", lambda *a: None)
     gathered = [o.token_ids for o in llm.generate(prompts, params)]
     assert in_place == gathered
 

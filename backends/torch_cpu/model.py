@@ -81,7 +81,7 @@ class DecoderModel:
         if head is None and not c.tie_word_embeddings:
             raise ModelLoadError("checkpoint lacks lm_head.weight and does not tie embeddings")
         self.lm_head = self.embed if head is None else make_linear(head, None)
-        kernels = load_kernels()
+        self.kernels = kernels = load_kernels()
         for linear in [linear for layer in self.layers for linear in layer.linears()]:
             if isinstance(linear, DenseLinear):
                 linear.prepack(kernels)
@@ -117,7 +117,7 @@ class DecoderModel:
     @torch.inference_mode()
     def execute(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
         step = build_layout(batch, cache)
-        step.paged = paged_decode_layout(batch, cache)
+        step.paged = paged_decode_layout(step, cache, self.kernels)
         token_ids = torch.as_tensor([t for c in batch.chunks for t in c.token_ids], dtype=torch.long)
         hidden = self.embed.lookup(token_ids)
         cos, sin = self._rope(step.positions)
@@ -127,7 +127,10 @@ class DecoderModel:
             mlp = self.fused(hidden, x, cos, sin, step, self.config, self.attention.scale)  # hidden in place
         else:
             hidden, mlp = self._layers(hidden, x, cos, sin, cache, step)
-        last = hidden.index_select(0, step.sample_rows) + mlp.index_select(0, step.sample_rows)
+        if step.all_rows_sampled:
+            last = hidden + mlp
+        else:
+            last = hidden.index_select(0, step.sample_rows) + mlp.index_select(0, step.sample_rows)
         return self.lm_head(ops.rms_norm(last, self.norm, eps))
 
     def _layers(self, hidden: torch.Tensor, x: torch.Tensor, cos, sin, cache: KVCache,

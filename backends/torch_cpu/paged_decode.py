@@ -15,10 +15,11 @@ import torch
 
 from qwen_serve.kv.naive import NaiveKVCache
 from qwen_serve.kv.paged import PagedKVCache
-from qwen_serve.protocols import KVCache, StepBatch
+from qwen_serve.protocols import KVCache
 
 from .kv_storage import KERNEL_DTYPES, TorchKVStorage
-from .native import Kernels, load_kernels
+from .native import Kernels
+from .step_layout import StepLayout
 
 IN_PLACE_CACHES = (PagedKVCache, NaiveKVCache)
 
@@ -47,16 +48,13 @@ def reads_in_place(cache: KVCache, kernels: Kernels | None) -> bool:
     return type(storage) is TorchKVStorage and storage.dtype in KERNEL_DTYPES
 
 
-def paged_decode_layout(batch: StepBatch, cache: KVCache, kernels: Kernels | None = None) -> PagedDecode | None:
+def paged_decode_layout(step: StepLayout, cache: KVCache, kernels: Kernels | None) -> PagedDecode | None:
     """The in-place layout for the step's single-token chunks, or None for the generic path."""
-    kernels = load_kernels() if kernels is None else kernels
-    decodes = [c for c in batch.chunks if len(c.token_ids) == 1]
-    if not decodes or not reads_in_place(cache, kernels):
+    if not step.decodes or not reads_in_place(cache, kernels):
         return None
     bs = cache.block_size
-    lengths = [c.start + 1 for c in decodes]
-    tables = [list(cache.block_table(c.seq_id)[: -(-n // bs)]) for c, n in zip(decodes, lengths)]
-    padded = torch.zeros((len(tables), max(map(len, tables))), dtype=torch.long)
-    for row, table in zip(padded, tables):
-        row[: len(table)] = torch.as_tensor(table, dtype=torch.long)
-    return PagedDecode(cache.storage, padded, torch.as_tensor(lengths, dtype=torch.long), kernels)
+    tables = [list(d.block_table[: -(-d.length // bs)]) for d in step.decodes]
+    width = max(map(len, tables))
+    padded = torch.tensor([table + [0] * (width - len(table)) for table in tables], dtype=torch.long)
+    lengths = torch.tensor([d.length for d in step.decodes], dtype=torch.long)
+    return PagedDecode(cache.storage, padded, lengths, kernels)

@@ -134,6 +134,10 @@ class Int4Linear(_QuantizedLinear):
         merged = Int4Weight(*(np.concatenate([getattr(w, f) for w in weights]) for f in ("packed", "scale", "zero")))
         return cls(merged, stacked_bias(parts), scratch=parts[0].scratch, kernels=parts[0].kernels)
 
+    def streamed_tensors(self) -> tuple[str, ...]:
+        """The attributes a matmul reads whole (huge_pages.py moves them)."""
+        return ("codes", "scale", "zero")
+
     def canonical(self) -> Int4Weight:
         if self.blocked:
             return blocked.unblock_int4(self.codes, self.scale, self.zero, self.out_features)
@@ -203,6 +207,9 @@ class Int8Linear(_QuantizedLinear):
         self.kernels = (load_kernels() if kernels == "auto" else kernels) if self.in_features % GROUP == 0 else None
         self.blocked = self.kernels is not None and self.kernels.isa == "avx512"
         self.codes, self.scale = blocked.block_int8(codes, scale) if self.blocked else (codes, scale)
+
+    def streamed_tensors(self) -> tuple[str, ...]:
+        return ("codes", "scale")
 
     def _kernel_matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.blocked:

@@ -82,6 +82,11 @@ class DenseLinear:
         else:
             self.dtype = torch.float32
 
+    def streamed_tensors(self) -> tuple[str, ...]:
+        """The attributes a matmul reads whole (huge_pages.py moves them; oneDNN's packed weight
+        is opaque and stays)."""
+        return ("weight", "blocked")
+
     def _block(self, kernels: Kernels) -> None:
         self.blocked, self.kernels, self.weight = blocked.block_pairs(self.weight), kernels, None
 

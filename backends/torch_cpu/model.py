@@ -10,12 +10,14 @@ from dataclasses import dataclass
 import torch
 
 from qwen_serve.config import ModelConfig
+from qwen_serve.engine.heap import return_free_heap
 from qwen_serve.errors import ModelLoadError
 from qwen_serve.models.checkpoint import projection_weight_name
 from qwen_serve.protocols import KVCache, StepBatch
 
 from .attention import CachedAttention
 from .fused_decode import FusedDecode
+from .huge_pages import move_to_huge_pages
 from .layer_ops import LayerOps
 from .linear import DenseLinear
 from .merged_linear import MergedLinear
@@ -89,6 +91,8 @@ class DecoderModel:
             self.lm_head.as_head(kernels)  # float32 logits; a tied table keeps lookup()
         if weights:
             raise ModelLoadError(f"checkpoint has unexpected tensors, e.g. {sorted(weights)[:3]}")
+        if move_to_huge_pages([self.embed, self.lm_head] + [lin for layer in self.layers for lin in layer.linears()]):
+            return_free_heap()  # the old copies
         self.attention = CachedAttention(scale=c.head_dim ** -0.5)
         self.ops = LayerOps(kernels)
         self.fused = FusedDecode.for_layers(self.layers, kernels)  # None: every step goes op by op

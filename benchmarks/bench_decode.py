@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,8 +72,6 @@ class BandwidthProbe:
         self.readings.append(self.data.numel() * 4 / best / 1e9)
 
     def summary(self) -> dict:
-        import statistics
-
         return {"bandwidth_gb_s": statistics.median(self.readings), "bandwidth_readings_gb_s": self.readings}
 
 
@@ -113,7 +112,7 @@ def run_one(model: str, dtype: str, quant: str, parts: list[str]) -> dict:
                 of_bound.append(decoded / decode_s / bound(result["weight_bytes"], probe.readings[-1]))
             result[f"decode_b{batch}_tok_s"] = best
             if batch == 1:  # each run against the reading taken right after it
-                result["decode_b1_of_bound_paired"] = sorted(of_bound)[len(of_bound) // 2]
+                result["decode_b1_of_bound_paired"] = statistics.median(of_bound)
     if "prefill" in parts:
         result["prefill512_tok_s"] = 512 / min(run([prompt(512)], 1)[0] for _ in range(2))
     if "context" in parts:

@@ -43,7 +43,7 @@ def main() -> None:
 
     llm = LLM(str(args.qwen_dir), dtype=args.dtype, quant=args.quant, max_batch=max(8, args.batch))
     engine, model = llm.engine, llm.engine.executor
-    layers = list({id(lin): lin for lin in [model.lm_head] + [lin for layer in model.layers for lin in layer.linears()]}.values())
+    layers = model.linears()
     huge = {(id(lin), name): getattr(lin, name) for lin in layers for name in lin.streamed_tensors()
             if getattr(lin, name) is not None}
     plain = {key: t.clone() for key, t in huge.items()}  # torch's allocator: 4 KiB pages

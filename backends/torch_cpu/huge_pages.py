@@ -57,6 +57,6 @@ def move_to_huge_pages(layers: Iterable) -> int:
 
 
 def _nbytes(t: torch.Tensor) -> int:
-    if not t.is_contiguous() or t.layout != torch.strided or t.is_mkldnn:
+    if t.layout != torch.strided or not t.is_contiguous():  # oneDNN's opaque tensors are not strided
         raise ValueError("only contiguous strided tensors can move to huge pages")
     return t.numel() * t.element_size()

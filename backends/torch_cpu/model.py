@@ -91,7 +91,7 @@ class DecoderModel:
             self.lm_head.as_head(kernels)  # float32 logits; a tied table keeps lookup()
         if weights:
             raise ModelLoadError(f"checkpoint has unexpected tensors, e.g. {sorted(weights)[:3]}")
-        if move_to_huge_pages([self.embed, self.lm_head] + [lin for layer in self.layers for lin in layer.linears()]):
+        if move_to_huge_pages(self.linears()):
             return_free_heap()  # the old copies
         self.attention = CachedAttention(scale=c.head_dim ** -0.5)
         self.ops = LayerOps(kernels)
@@ -112,9 +112,14 @@ class DecoderModel:
     def to_numpy(x: torch.Tensor):
         return x.detach().float().numpy()
 
+    def linears(self) -> list:
+        """Every weight-holding layer once: the embedding, the head (a tied head is the same
+        object) and each decoder layer's projections."""
+        every = [self.embed, self.lm_head] + [linear for layer in self.layers for linear in layer.linears()]
+        return list({id(linear): linear for linear in every}.values())
+
     def weight_bytes(self) -> int:
-        linears = [self.embed, self.lm_head] + [linear for layer in self.layers for linear in layer.linears()]
-        total = sum(lin.nbytes() for lin in {id(lin): lin for lin in linears}.values())  # a tied head counts once
+        total = sum(lin.nbytes() for lin in self.linears())
         norms = [self.norm] + [t for l in self.layers for t in (l.input_norm, l.post_norm, l.q_norm, l.k_norm) if t is not None]
         return total + sum(t.numel() * t.element_size() for t in norms)
 

@@ -52,8 +52,9 @@ class Kernels:
 
 @lru_cache(maxsize=1)
 def _cpu_flags() -> frozenset[str]:
-    """Read once: the layout code asks for the kernels every step, and parsing /proc/cpuinfo each
-    time took 2% of a single-stream step."""
+    """Read once: the flags do not change while the process runs, and parsing /proc/cpuinfo took
+    2% of a single-stream step while the layout asked for the kernels every step (the model now
+    keeps its own)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):

@@ -44,9 +44,13 @@ class StepLayout:
     decodes: list[DecodeHistory]  # [B], in decode_rows' order
     block_size: int
     prefills: list[PrefillSpan]
-    sample_rows: torch.Tensor  # rows whose logits are wanted, in chunk order
-    all_rows_sampled: bool  # sample_rows is every row in order (no index_select needed)
+    sample_rows: torch.Tensor  # rows whose logits are wanted, in chunk order (increasing)
     paged: Any = None  # a paged_decode.PagedDecode when decode attention reads the cache in place
+
+    @property
+    def all_rows_sampled(self) -> bool:
+        """sample_rows is every row in order (it increases, so its length tells): no index_select needed."""
+        return len(self.sample_rows) == len(self.positions)
 
     @cached_property
     def decode_slots(self) -> torch.Tensor:
@@ -108,5 +112,4 @@ def build_layout(batch: StepBatch, cache: KVCache) -> StepLayout:
         block_size=bs,
         prefills=prefills,
         sample_rows=torch.tensor(sample_rows, dtype=torch.long),
-        all_rows_sampled=sample_rows == list(range(row)),
     )

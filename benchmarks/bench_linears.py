@@ -25,6 +25,7 @@ from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Scratch
 from qwen_serve.backends.torch_cpu.linear import DenseLinear
 from qwen_serve.backends.torch_cpu.merged_linear import MergedLinear
 from qwen_serve.backends.torch_cpu.native import Kernels, cpu_features, load_kernels
+from qwen_serve.backends.torch_cpu.path_plan import TILE_DTYPES, PathPlan
 from qwen_serve.quant import int4
 
 SHAPES = [(2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072)] * 4
@@ -69,9 +70,11 @@ def main() -> None:
     for name, kernels in variants.items():
         layers = [Int4Linear(q, kernels=kernels) for q in quantized]
         row(name, [best_of(lambda x, lin: lin._kernel_matmul(x), layers, m) for m in ROWS])
-    for gemm in (torch.float32, torch.bfloat16):
-        layers = [Int4Linear(q, kernels=native, scratch=Scratch(gemm_dtype=gemm, kernel_rows=0)) for q in quantized]
-        row(f"int4 dequantized tiles + {str(gemm)[6:]} GEMM", [best_of(lambda x, lin: lin(x), layers, m) for m in ROWS])
+    for path in ("tiles_f32", "tiles_bf16"):
+        layers = [Int4Linear(q, kernels=native, scratch=Scratch()) for q in quantized]
+        for layer in layers:
+            layer.plan = PathPlan.fixed(path)
+        row(f"int4 dequantized tiles + {TILE_DTYPES[path]} GEMM"[:44], [best_of(lambda x, lin: lin(x), layers, m) for m in ROWS])
     del quantized
     for dtype in (torch.float32, torch.bfloat16):
         weights = [(torch.randn(s) * 0.05).to(dtype) for s in SHAPES]
@@ -80,10 +83,11 @@ def main() -> None:
         row(f"{str(dtype)[6:]} oneDNN prepacked", [best_of(
             lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], ""), packed, m, dtype) for m in ROWS])
         del packed
-        if dtype == torch.bfloat16 and native is not None and native.isa == "avx512" and "avx512_bf16" in cpu_features():
+        if dtype == torch.bfloat16 and native is not None and native.isa == "avx512":
             pairs = [(blocked.block_pairs(w), w.shape[0]) for w in weights]
-            row("bfloat16 blocked kernel (AVX512-BF16)", [best_of(
-                lambda x, w: native.ops.bf16b_matmul_avx512(x, w[0], w[1]), pairs, m) for m in ROWS])
+            for dot in sorted({native.bf16, False}, reverse=True):
+                row(f"bfloat16 blocked kernel ({'AVX512-BF16' if dot else 'widened to float32'})", [best_of(
+                    lambda x, w: native.ops.bf16b_matmul_avx512(x, w[0], w[1], dot), pairs, m) for m in ROWS])
 
 
 MERGED_ROWS = (1, 8, 16, 64)

@@ -281,6 +281,15 @@ class ModelExecutor(Protocol):
 
 
 @runtime_checkable
+class ChoosesKernels(Protocol):
+    """An executor that chose among compute paths by timing them on this CPU: the start-up plan
+    and ``qwen-serve bench --kernels`` print the table it chose from."""
+
+    def kernel_table(self) -> list[str]:
+        """Lines of text: each shape's paths, their timings and the choice (none: nothing chosen)."""
+
+
+@runtime_checkable
 class Calibratable(Protocol):
     """An executor whose projections can be watched while it runs, so int4 quantization can
     weigh each input column by the activations it meets (qwen_serve.quant.calibration)."""

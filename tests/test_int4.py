@@ -117,10 +117,11 @@ def test_rejects_widths_that_are_not_whole_groups():
 # --- the torch layers, against x @ dequantize(W).T in numpy -------------------------------------
 
 torch = pytest.importorskip("torch")
-from qwen_serve.backends.torch_cpu.int4_linear import KERNEL_ROWS, Int4Linear, Int8Linear, Scratch  # noqa: E402
+from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Int8Linear, Scratch  # noqa: E402
 from qwen_serve.backends.torch_cpu.native import load_kernels  # noqa: E402
+from qwen_serve.backends.torch_cpu.path_plan import PathPlan  # noqa: E402
 
-ROW_COUNTS = [1, 3, 8, 9, 40, 130]  # decode sizes, a partial block of 8, then (past 32) the tile path
+ROW_COUNTS = [1, 3, 8, 9, 40, 130]  # decode sizes, a partial block of 8, then (past 16) the tile path
 
 
 # The kernels carry activations as int16 per group of 64; an outlier 50x the rest leaves the
@@ -153,10 +154,17 @@ def _use(layer, path):
     return layer
 
 
+def _planned(layer, gemm_dtype: torch.dtype):
+    """The kernel up to 16 rows, tiles multiplied in gemm_dtype past them."""
+    tiles = "tiles_bf16" if gemm_dtype == torch.bfloat16 else "tiles_f32"
+    layer.plan = PathPlan(("kernel",) * 3 + (tiles,) * 2)
+    return layer
+
+
 def _tolerance(layer, rows: int, gemm_dtype: torch.dtype) -> float:
     """The kernels' for decode sizes, the tiles' GEMM's past them."""
     kernels = layer.kernels
-    if kernels is not None and rows <= layer.scratch.kernel_rows:
+    if kernels is not None and layer.plan.path(rows) == "kernel":
         return INT8_ACTIVATIONS_TOLERANCE if kernels.isa == "avx512" and kernels.vnni else TOLERANCE
     return GEMM_TOLERANCE[gemm_dtype]
 
@@ -172,8 +180,8 @@ def test_int4_linear_matches_dequantized_matmul(rows, path, gemm_dtype):
     w = np.random.default_rng(3).standard_normal((320, 192)).astype(np.float32)
     q = int4.quantize(w)
     bias = np.linspace(-1, 1, 320, dtype=np.float32)
-    scratch = Scratch(floats=192 * 100, gemm_dtype=gemm_dtype, kernel_rows=32)  # 4 tiles
-    layer = _use(Int4Linear(q, torch.from_numpy(bias), scratch=scratch), path)
+    scratch = Scratch(floats=192 * 100)  # 4 tiles
+    layer = _use(_planned(Int4Linear(q, torch.from_numpy(bias), scratch=scratch), gemm_dtype), path)
     x = _activations(rows, 192, seed=rows)
     expected = x @ int4.dequantize(q).T + bias
     assert _rel(layer(torch.from_numpy(x)).numpy(), expected) < _tolerance(layer, rows, gemm_dtype)
@@ -183,7 +191,7 @@ def test_int4_linear_matches_dequantized_matmul(rows, path, gemm_dtype):
 @pytest.mark.parametrize("rows", ROW_COUNTS)
 def test_int8_rows_match_numpy(rows, path, gemm_dtype):
     w = np.random.default_rng(4).standard_normal((200, 128)).astype(np.float32)
-    layer = _use(Int8Linear(torch.from_numpy(w), scratch=Scratch(floats=128 * 64, gemm_dtype=gemm_dtype, kernel_rows=32)), path)
+    layer = _use(_planned(Int8Linear(torch.from_numpy(w), scratch=Scratch(floats=128 * 64)), gemm_dtype), path)
     step = np.abs(w).max(axis=1, keepdims=True) / 127
     w8 = np.clip(np.rint(w / step), -127, 127) * step
     x = _activations(rows, 128, seed=rows + 1)
@@ -267,8 +275,9 @@ def test_int4_model_equals_transformers_on_the_dequantized_weights(qwen3_tiny, m
     llm = LLM(str(qwen3_tiny), quant="int4", calibrate=False)  # the quantization above: no importance
     # Prefill tiles in float32, as on CPUs without native bf16: bf16 tiles round products to 8
     # bits (~0.04 on this random model's logprobs); their effect on quality is check 6's to judge.
-    scratch = llm.parts.executor.layers[0].qkv.linear.scratch  # shared by every layer of the model
-    scratch.gemm_dtype, scratch.kernel_rows = torch.float32, KERNEL_ROWS[torch.float32]
+    for linear in llm.parts.executor.linears():
+        if hasattr(linear, "plan"):
+            linear.plan = PathPlan(tuple(p.replace("tiles_bf16", "tiles_f32") for p in linear.plan.paths))
     kernels = llm.parts.executor.layers[0].qkv.linear.kernels
     int8_activations = kernels is not None and kernels.isa == "avx512" and kernels.vnni
     # int8 activations: ~0.6% relative error per matmul, up to 0.047 on this model's top-5 logprobs

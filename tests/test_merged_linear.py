@@ -10,6 +10,7 @@ from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Scratch
 from qwen_serve.backends.torch_cpu.linear import DenseLinear
 from qwen_serve.backends.torch_cpu.merged_linear import MergedLinear
 from qwen_serve.backends.torch_cpu.native import Kernels, load_kernels
+from qwen_serve.backends.torch_cpu.path_plan import PathPlan
 from qwen_serve.quant import int4
 
 KERNELS = load_kernels()
@@ -32,8 +33,10 @@ def _weights(seed: int) -> list[np.ndarray]:
 @pytest.mark.parametrize("rows", [1, 5, 80])
 def test_merged_int4_layer_gives_each_parts_output(kernels, rows):
     kind = INT4_KERNELS[kernels]
-    scratch = Scratch(kernel_rows=16)  # 80 rows: the dequantized-tile path
+    scratch = Scratch()
     parts = [Int4Linear(int4.quantize(w), scratch=scratch, kernels=kind) for w in _weights(rows)]
+    for part in parts:
+        part.plan = PathPlan(("kernel",) * 3 + ("tiles_f32",) * 2)  # 80 rows: the dequantized-tile path
     merged = MergedLinear(("q", "k", "v"), parts)
     assert isinstance(merged.linear, Int4Linear) and merged.linear.out_features == sum(SIZES)
     x = torch.randn(rows, 128)

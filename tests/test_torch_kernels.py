@@ -7,12 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qwen_serve.backends.torch_cpu import native
+from qwen_serve.backends.torch_cpu import kernel_choice, native
 from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Int8Linear, Scratch
 from qwen_serve.backends.torch_cpu.kv_storage import TorchKVStorage
 from qwen_serve.backends.torch_cpu.linear import DenseLinear
 from qwen_serve.backends.torch_cpu.native import Kernels, cpu_features, load_kernels
 from qwen_serve.backends.torch_cpu.paged_decode import PagedDecode
+from qwen_serve.backends.torch_cpu.path_plan import PathPlan
 from qwen_serve.quant import int4
 
 KERNELS = load_kernels()
@@ -63,7 +64,7 @@ def test_int4_kernel_matches_torch_at_every_decode_size(name, out_features):
     rng = np.random.default_rng(out_features)
     q = int4.quantize(rng.standard_normal((out_features, 192)).astype(np.float32))
     reference_weight = torch.from_numpy(int4.dequantize(q))
-    layer = Int4Linear(q, kernels=VARIANTS[name], scratch=Scratch(kernel_rows=64))
+    layer = Int4Linear(q, kernels=VARIANTS[name])  # the kernel for every row count
     assert torch.equal(layer.dequantize(), reference_weight)  # the layout keeps every code
     for rows in range(1, 17):
         x = _activations(rows, 192, seed=rows)
@@ -78,7 +79,7 @@ def test_int4_kernel_matches_torch_at_every_decode_size(name, out_features):
 @pytest.mark.parametrize("out_features", [37, 200])
 def test_int8_kernel_matches_torch_at_every_decode_size(name, out_features):
     w = torch.randn(out_features, 128, generator=torch.Generator().manual_seed(out_features))
-    layer = Int8Linear(w, kernels=VARIANTS[name], scratch=Scratch(kernel_rows=64))
+    layer = Int8Linear(w, kernels=VARIANTS[name])
     reference_weight = layer.dequantize()
     assert _rel(reference_weight, w) < 0.01
     ids = torch.tensor([0, out_features - 1, 5, 5])
@@ -90,26 +91,41 @@ def test_int8_kernel_matches_torch_at_every_decode_size(name, out_features):
         assert torch.equal(layer(x[-1:]), y[-1:])
 
 
-@needs_avx512
-@pytest.mark.skipif("avx512_bf16" not in cpu_features(), reason="this CPU lacks AVX512-BF16")
+def bf16_variants() -> dict[str, Kernels]:
+    """The bf16 kernel with vdpbf16ps where the CPU has AVX512-BF16, and widening on any AVX-512 CPU."""
+    if KERNELS is None or KERNELS.isa != "avx512":
+        return {}
+    widened = {"widened": Kernels("avx512", KERNELS.vnni, KERNELS.ops, bf16=False)}
+    return ({"avx512-bf16": Kernels("avx512", KERNELS.vnni, KERNELS.ops, bf16=True)}
+            if "avx512_bf16" in cpu_features() else {}) | widened
+
+
+BF16_VARIANTS = bf16_variants()
+
+
+def bf16_reference(x: torch.Tensor, w: torch.Tensor, kernels: Kernels) -> torch.Tensor:
+    """vdpbf16ps multiplies x rounded to bf16; the widening kernel multiplies x as it is."""
+    return (x.bfloat16().float() if kernels.bf16 else x) @ w.float().T
+
+
+@pytest.mark.parametrize("name", BF16_VARIANTS)
 @pytest.mark.parametrize("rows", [1, 3, 8, 11, 16, 37])
 @pytest.mark.parametrize("width", [96, 2048])  # 2048: panels of 3 blocks, the last one short
-def test_bf16_head_kernel_gives_float32_logits(rows, width):
+def test_bf16_head_kernel_gives_float32_logits(name, rows, width):
+    kernels = BF16_VARIANTS[name]
     w = torch.randn(301, width, generator=torch.Generator().manual_seed(rows)).bfloat16()
     head = DenseLinear(w)
-    head.as_head(KERNELS)
+    head.as_head(kernels)
     assert head.blocked is not None and head.weight is None
     x = _activations(rows, width, seed=rows)
     y = head(x)
     assert y.dtype == torch.float32
-    # x is rounded to bf16 (w already is); the products are summed in float32.
-    assert _rel(y, x.bfloat16().float() @ w.float().T) < 1e-5
+    assert _rel(y, bf16_reference(x, w, kernels)) < 1e-5  # products summed in float32
     ids = torch.tensor([300, 0, 17])
     assert torch.equal(head.lookup(ids), w.float()[ids])
 
 
 @needs_avx512
-@pytest.mark.skipif("avx512_bf16" not in cpu_features(), reason="this CPU lacks AVX512-BF16")
 def test_bf16_layers_take_the_blocked_kernel_where_there_is_no_amx(monkeypatch):
     w = torch.randn(48, 64).bfloat16()
     bias = torch.randn(48)
@@ -120,17 +136,23 @@ def test_bf16_layers_take_the_blocked_kernel_where_there_is_no_amx(monkeypatch):
         return
     assert layer.blocked is not None and layer.packed is None and layer.weight is None
     x = torch.randn(2, 3, 64)  # any leading shape
-    assert _rel(layer(x), x.bfloat16().float() @ w.float().T + bias) < 1e-5
+    assert _rel(layer(x), bf16_reference(x, w, KERNELS) + bias) < 1e-5
     monkeypatch.setenv(native.DISABLE_ENV, "avx512_bf16")
     elsewhere = DenseLinear(w)
     elsewhere.prepack(load_kernels())
-    assert elsewhere.blocked is None
+    assert elsewhere.blocked is not None and not elsewhere.kernels.bf16  # the widening kernel
+    assert _rel(elsewhere(x), x @ w.float().T) < 1e-5
+    monkeypatch.setenv(native.DISABLE_ENV, "avx512")
+    without = DenseLinear(w)
+    without.prepack(load_kernels())
+    assert without.blocked is None
 
 
 def test_tiles_of_the_blocked_layout_match_when_rows_are_not_whole_blocks():
     q = int4.quantize(np.random.default_rng(9).standard_normal((200, 128)).astype(np.float32))
     for kernels in [v for k, v in VARIANTS.items() if k.startswith("avx512")][:1] + [None]:
-        layer = Int4Linear(q, kernels=kernels, scratch=Scratch(floats=128 * 40, gemm_dtype=torch.float32, kernel_rows=0))  # tiles of 32
+        layer = Int4Linear(q, kernels=kernels, scratch=Scratch(floats=128 * 40))  # tiles of 32
+        layer.plan = PathPlan.fixed("tiles_f32")
         x = _activations(40, 128, seed=3)
         assert _rel(layer(x), x @ torch.from_numpy(int4.dequantize(q)).T) < 1e-5
 
@@ -287,8 +309,8 @@ def test_greedy_with_in_place_attention_equals_the_gather_path(qwen3_tiny, monke
 def test_fused_decode_layers_give_the_bits_of_the_per_op_path(tmp_path_factory, monkeypatch, kv_cache, dtype, quant):
     """decode_layers_ (every layer of a decode-only step in one call; int4 or bf16 blocks) against
     the same model op by op: the same tokens and the same logprobs to the bit, at 1 and 3 rows."""
-    if quant == "none" and ("avx512_bf16" not in cpu_features() or "amx_bf16" in cpu_features()):
-        pytest.skip("bf16 projections run the blocked kernel only with AVX512-BF16 and no AMX")
+    if quant == "none" and "amx_bf16" in cpu_features():
+        pytest.skip("bf16 projections run the blocked kernel only where there is no AMX")
     from qwen_serve.conformance.models import Qwen3Geometry, make_qwen3_checkpoint
 
     geometry = Qwen3Geometry(num_hidden_layers=3, hidden_size=128, intermediate_size=256, num_attention_heads=4,
@@ -307,6 +329,9 @@ def _fused_equals_per_op(path, monkeypatch, **options) -> None:
     from qwen_serve import LLM, SamplingParams
     from qwen_serve.backends.torch_cpu.fused_decode import FusedDecode
 
+    # the fused op runs the int4 kernels: on widths this small the timed choice may give tiles
+    # even single rows (microseconds apart either way)
+    monkeypatch.setenv(kernel_choice.ENV, "int4=kernel")
     fused_llm, per_op_llm = (LLM(str(path), calibrate=False, chunk_size=64, **options)
                              for _ in range(2))  # fresh caches: the same prefix hits
     fused_model, per_op_model = fused_llm.parts.executor, per_op_llm.parts.executor

@@ -1,6 +1,6 @@
 """Every decoder layer of a decode-only step in one kernel call (``decode_layers_`` in
 kernels/ops.cpp), for models whose projections all run the AVX-512 kernels on their blocked
-layouts (int4, or bfloat16 where the CPU has AVX512-BF16 and no AMX) over the backend's own paged
+layouts (int4, or bfloat16 where the CPU has no AMX) over the backend's own paged
 KV storage: decode, where the ~11 calls per layer and the Python
 around them took about a seventh of a Qwen3-0.6B step (py-spy, Zen 4). The op runs the same
 kernels in the same order as the per-op path of model.py, so both give the same bits; any other
@@ -21,10 +21,9 @@ class FusedDecode:
         self.kernels = kernels
         self.layers = layers
         self.linears = [tuple(layer.linears()) for layer in layers]
-        # the int4 layers' scratches: their kernel_rows (read per step, as the layers read it) is how
-        # many rows the int4 kernels take (tiles take more); the bf16 kernel takes any number
-        self.scratches = list({id(lin.scratch): lin.scratch for lins in self.linears for lin in lins
-                               if isinstance(lin, Int4Linear)}.values())
+        # the int4 layers: their plans (read per step, as the layers read them; a model sets them
+        # after this is built) say how many rows the kernels take; the bf16 kernel takes any number
+        self.quantized = [lin for lins in self.linears for lin in lins if isinstance(lin, Int4Linear)]
         none = torch.empty(0)
         self.weights = []
         for layer in layers:
@@ -51,7 +50,7 @@ class FusedDecode:
         place, the kernels take this many rows, and no projection is being watched (calibration
         swaps a layer's attribute for a recorder)."""
         return step.paged is not None and not step.prefills and \
-            all(rows <= scratch.kernel_rows for scratch in self.scratches) and \
+            all(lin.plan.path(rows) == "kernel" for lin in self.quantized) and \
             all(tuple(layer.linears()) == linears for layer, linears in zip(self.layers, self.linears))
 
     def __call__(self, hidden: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step,
@@ -62,7 +61,7 @@ class FusedDecode:
         return self.kernels.ops.decode_layers_(
             hidden, x, self.weights, paged.storage.keys, paged.storage.values, cos, sin, step.write_slots,
             paged.block_tables, paged.lengths, paged.storage.block_size, config.num_heads, config.num_kv_heads,
-            config.rms_norm_eps, scale, self.kernels.vnni)
+            config.rms_norm_eps, scale, self.kernels.vnni, self.kernels.bf16)
 
 
 def _blocks(linear, none: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -4,11 +4,12 @@ lm_head).
 Decode (a few rows of x) runs the C++ kernels of native.py, which read the packed weights once
 per call however many rows x has. On AVX-512 CPUs the weights are reordered at load into the
 blocked layouts of blocked_layout.py (16 output rows per register, same bytes); on AVX2 CPUs
-the kernels read the canonical layout in place. Prefill (many rows) is compute-bound instead: a
-tile of the weight is dequantized into a reused scratch buffer and multiplied by torch's GEMM,
-so the unpacking is paid once per tile for hundreds of rows. The tile is bfloat16 on CPUs that
-multiply it natively (the rounding is far below int4's own error), float32 elsewhere. Without
-the kernels the tile path runs for every call (slow but correct).
+the kernels read the canonical layout in place. Prefill (many rows) may be compute-bound instead:
+a tile of the weight is dequantized into a reused scratch buffer and multiplied by torch's GEMM
+in float32 or bfloat16 (whose rounding is far below int4's own error), so the unpacking is paid
+once per tile for all the rows. Which path takes how many rows is the layer's PathPlan, chosen by
+timing both on the CPU at hand (kernel_choice.py). Without the kernels the tiles take every call
+(slow but correct).
 """
 from __future__ import annotations
 
@@ -20,25 +21,10 @@ from qwen_serve.quant.int4 import GROUP, Int4Weight, can_quantize
 
 from . import blocked_layout as blocked
 from .merged_linear import stacked_bias
-from .native import Kernels, cpu_features, has_fast_bf16_matmul, load_kernels
+from .native import Kernels, load_kernels
+from .path_plan import TILE_DTYPES, PathPlan
 from .row_buckets import pad_rows
 
-# Up to this many rows of x go through the kernels; more go through dequantized tiles (measured
-# before the VNNI kernels took int8 activations, which halved their time at 16-512 rows). With the
-# AVX2 kernels (measured on Sapphire Rapids, Qwen3-0.6B geometry, 2 threads) the crossover was 16
-# rows against bf16 tiles and past 256 against float32 tiles. The AVX-512 kernels beat bf16 tiles
-# at every size on a Zen 5 without AMX (80 against 133 ms for 4 layers at 512 rows,
-# benchmarks/bench_linears.py), so there they take every call; on AMX CPUs, whose bf16 GEMM is
-# several times faster (unmeasured here), tiles keep the calls past 64 rows.
-KERNEL_ROWS = {torch.bfloat16: 16, torch.float32: 256}
-AVX512_KERNEL_ROWS = {False: 1 << 30, True: 64}  # by whether the CPU has AMX
-
-
-def default_kernel_rows(gemm_dtype: torch.dtype) -> int:
-    kernels = load_kernels()
-    if kernels is not None and kernels.isa == "avx512":
-        return AVX512_KERNEL_ROWS["amx_bf16" in cpu_features()]
-    return KERNEL_ROWS[gemm_dtype]
 SCRATCH_FLOATS = 1 << 22  # 16 MiB of float32: one weight tile, shared by every layer
 ROWS_PER_PASS = 8192  # rows quantized at a time, so a 151936-row embedding needs no full float copy
 
@@ -46,13 +32,10 @@ ROWS_PER_PASS = 8192  # rows quantized at a time, so a 151936-row embedding need
 class Scratch:
     """Buffers reused by every quantized layer of a model for its dequantized tiles (float32, and
     the GEMM's dtype when that differs), allocated on first use so a model that only decodes never
-    holds them; and from how many rows of x the tiles beat the kernels."""
+    holds them."""
 
-    def __init__(self, floats: int = SCRATCH_FLOATS, gemm_dtype: torch.dtype | None = None,
-                 kernel_rows: int | None = None) -> None:
+    def __init__(self, floats: int = SCRATCH_FLOATS) -> None:
         self.floats = floats
-        self.gemm_dtype = gemm_dtype or (torch.bfloat16 if has_fast_bf16_matmul() else torch.float32)
-        self.kernel_rows = default_kernel_rows(self.gemm_dtype) if kernel_rows is None else kernel_rows
         self.buffers: dict[torch.dtype, torch.Tensor] = {}
 
     def rows_per_tile(self, in_features: int) -> int:
@@ -71,7 +54,9 @@ class _QuantizedLinear:
 
     A subclass sets out_features, in_features, bias, scratch and kernels, and provides
     _kernel_matmul(x) and _fill_tile(start, stop, out), plus _prepare_tiled(x) when its tiles
-    hold the columns in another order than x.
+    hold the columns in another order than x, or _tile(start, stop, dtype) when it can write a
+    tile in the GEMM's dtype itself. ``plan`` says which path takes how many rows: by default the
+    kernel every time (tiles where there is none) until a model sets the measured one.
     """
 
     out_features: int
@@ -79,35 +64,43 @@ class _QuantizedLinear:
     bias: torch.Tensor | None
     scratch: Scratch
     kernels: Kernels | None
+    plan: PathPlan
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).float().contiguous()
-        if self.kernels is not None and x2.shape[0] <= self.scratch.kernel_rows:
+        path = self.plan.path(x2.shape[0])
+        if path == "kernel" and self.kernels is not None:
             y = self._kernel_matmul(x2)
         else:
-            y = self._tiled_matmul(self._prepare_tiled(x2))
+            y = self._tiled_matmul(self._prepare_tiled(x2), TILE_DTYPES.get(path, torch.float32))
         if self.bias is not None:
             y += self.bias
         return y.view(*lead, self.out_features)
 
+    def _default_plan(self) -> PathPlan:
+        return PathPlan.fixed("kernel" if self.kernels is not None else "tiles_f32")
+
     def _prepare_tiled(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
-    def _tiled_matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def _tiled_matmul(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """y = x @ W.T with W dequantized one tile of rows at a time into the shared scratch."""
-        dtype = self.scratch.gemm_dtype
         xg = pad_rows(x.to(dtype))  # oneDNN: a bounded set of shapes (row_buckets.py)
         y = torch.empty(xg.shape[0], self.out_features, dtype=torch.float32)
         step = self.scratch.rows_per_tile(self.in_features)
         for start in range(0, self.out_features, step):
             stop = min(self.out_features, start + step)
-            tile = self.scratch.tile(stop - start, self.in_features)
-            self._fill_tile(start, stop, tile)
-            if dtype != torch.float32:
-                tile = self.scratch.tile(stop - start, self.in_features, dtype).copy_(tile)
-            y[:, start:stop] = F.linear(xg, tile)
+            y[:, start:stop] = F.linear(xg, self._tile(start, stop, dtype))
         return y[: x.shape[0]]
+
+    def _tile(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows [start, stop) of W dequantized [stop - start, K] in dtype (a view of the scratch)."""
+        tile = self.scratch.tile(stop - start, self.in_features)
+        self._fill_tile(start, stop, tile)
+        if dtype != torch.float32:
+            tile = self.scratch.tile(stop - start, self.in_features, dtype).copy_(tile)
+        return tile
 
 
 class Int4Linear(_QuantizedLinear):
@@ -120,6 +113,7 @@ class Int4Linear(_QuantizedLinear):
         self.bias = None if bias is None else bias.float()
         self.scratch = scratch or Scratch()
         self.kernels = load_kernels() if kernels == "auto" else kernels
+        self.plan = self._default_plan()
         self.blocked = self.kernels is not None and self.kernels.isa == "avx512"
         if self.blocked:
             self.codes, self.scale, self.zero = blocked.block_int4(weight)
@@ -132,7 +126,9 @@ class Int4Linear(_QuantizedLinear):
         """One layer computing every part's output side by side (merged_linear.py): the same codes."""
         weights = [part.canonical() for part in parts]
         merged = Int4Weight(*(np.concatenate([getattr(w, f) for w in weights]) for f in ("packed", "scale", "zero")))
-        return cls(merged, stacked_bias(parts), scratch=parts[0].scratch, kernels=parts[0].kernels)
+        stacked = cls(merged, stacked_bias(parts), scratch=parts[0].scratch, kernels=parts[0].kernels)
+        stacked.plan = parts[0].plan
+        return stacked
 
     def streamed_tensors(self) -> tuple[str, ...]:
         """The attributes a matmul reads whole (huge_pages.py moves them)."""
@@ -153,6 +149,16 @@ class Int4Linear(_QuantizedLinear):
         if self.kernels is None or self.blocked:
             return x
         return self.kernels.ops.permute_groups(x)  # the AVX2 tiles order each group evens, then odds
+
+    def _tile(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Blocked: the kernel writes the tile transposed, [K, rows], in dtype itself; GEMM takes
+        it as is (the transpose is a view)."""
+        if not self.blocked or self.kernels is None:
+            return super()._tile(start, stop, dtype)
+        first, last = start // blocked.BLOCK, -(-stop // blocked.BLOCK)
+        tile = self.scratch.tile(self.in_features, (last - first) * blocked.BLOCK, dtype)
+        self.kernels.ops.q4b_unpack_avx512_(self.codes, self.scale, self.zero, first, last, tile)
+        return tile[:, : stop - start].t()
 
     def _fill_tile(self, start: int, stop: int, out: torch.Tensor) -> None:
         if self.blocked:
@@ -205,6 +211,7 @@ class Int8Linear(_QuantizedLinear):
         self.bias = None if bias is None else bias.float()
         self.scratch = scratch or Scratch()
         self.kernels = (load_kernels() if kernels == "auto" else kernels) if self.in_features % GROUP == 0 else None
+        self.plan = self._default_plan()
         self.blocked = self.kernels is not None and self.kernels.isa == "avx512"
         self.codes, self.scale = blocked.block_int8(codes, scale) if self.blocked else (codes, scale)
 

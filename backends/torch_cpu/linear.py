@@ -1,6 +1,5 @@
-"""Float linear layers: bfloat16 through the AVX512-BF16 kernel on its blocked layout where the
-CPU has that (and no AMX), otherwise through oneDNN with the weight reordered once at load
-("prepacked").
+"""Float linear layers: bfloat16 through the blocked bf16 kernel where the CPU has AVX-512 (and no
+AMX), otherwise through oneDNN with the weight reordered once at load ("prepacked").
 
 Prepacked, torch's oneDNN linear ran 2x faster than ``F.linear`` on the same weights for float32
 at every batch size on a Zen 5 and 1.6x for bfloat16 at decode sizes (``python
@@ -10,12 +9,13 @@ accumulation) where the CPU does that natively (AVX512-BF16 or AMX); elsewhere b
 On a Zen 4 EPYC without AMX the blocked kernel (kernels/bf16_avx512.cpp) took float32 x and
 gave float32 y with no conversion around the call, and beat prepacked oneDNN at 1-16 rows
 (1.5-1.7x at one row, 4 Qwen3-0.6B layers) and came within 3% of it at 64-512, so there it takes
-every call; AMX CPUs, whose bf16 GEMM is several times faster at prefill (unmeasured here), keep
-oneDNN.
+every call; AMX CPUs, whose bf16 GEMM is several times faster at prefill, keep oneDNN. On AVX-512
+CPUs without AVX512-BF16 (an Ice Lake) the same kernel widens the weight pairs to float32 in
+registers; the alternative there was converting the whole weight to float32 on every call.
 Outputs are float32 either way: the residual stream, norms and softmax stay float32. The layer
 that gives logits (as_head) multiplies with float32 results: rounded to bf16, SmolLM2's two most
 likely first tokens for "What is the capital of France?" tied and argmax took the wrong one. There a
-bf16 weight goes to the blocked layout of the kernel on any CPU with AVX512-BF16; it also reads the
+bf16 weight goes to the blocked layout of the kernel on any AVX-512 CPU; it also reads the
 embedding rows of a tied table.
 """
 from __future__ import annotations
@@ -34,8 +34,8 @@ def compute_dtype(weight_dtype: torch.dtype) -> torch.dtype:
 
 
 def runs_bf16_kernel(layer: "DenseLinear", kernels: Kernels | None) -> bool:
-    return layer.dtype == torch.bfloat16 and kernels is not None and kernels.isa == "avx512" \
-        and "avx512_bf16" in cpu_features() and layer.in_features % 2 == 0
+    return layer.weight.dtype == torch.bfloat16 and kernels is not None and kernels.isa == "avx512" \
+        and layer.in_features % 2 == 0
 
 
 class DenseLinear:
@@ -94,7 +94,8 @@ class DenseLinear:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self.blocked is not None:  # float32 in and out, no conversion around the call
-            y = self.kernels.ops.bf16b_matmul_avx512(x2.float().contiguous(), self.blocked, self.out_features)
+            y = self.kernels.ops.bf16b_matmul_avx512(x2.float().contiguous(), self.blocked, self.out_features,
+                                                     self.kernels.bf16)
         else:  # oneDNN: a bounded set of shapes (row_buckets.py)
             x2 = pad_rows(x2.to(self.dtype))
             if self.packed is not None:

@@ -18,6 +18,7 @@ from qwen_serve.protocols import KVCache, StepBatch
 from .attention import CachedAttention
 from .fused_decode import FusedDecode
 from .huge_pages import move_to_huge_pages
+from .kernel_choice import choose_paths, describe
 from .layer_ops import LayerOps
 from .linear import DenseLinear
 from .merged_linear import MergedLinear
@@ -91,6 +92,7 @@ class DecoderModel:
             self.lm_head.as_head(kernels)  # float32 logits; a tied table keeps lookup()
         if weights:
             raise ModelLoadError(f"checkpoint has unexpected tensors, e.g. {sorted(weights)[:3]}")
+        self.kernel_choices = choose_paths(self.linears(), kernels)  # each quantized shape's path per row count
         if move_to_huge_pages(self.linears()):
             return_free_heap()  # the old copies
         self.attention = CachedAttention(scale=c.head_dim ** -0.5)
@@ -117,6 +119,10 @@ class DecoderModel:
         object) and each decoder layer's projections."""
         every = [self.embed, self.lm_head] + [linear for layer in self.layers for linear in layer.linears()]
         return list({id(linear): linear for linear in every}.values())
+
+    def kernel_table(self) -> list[str]:
+        """KernelReport: the timings each quantized projection's paths were chosen from."""
+        return describe(self.kernel_choices)
 
     def weight_bytes(self) -> int:
         total = sum(lin.nbytes() for lin in self.linears())

@@ -43,11 +43,14 @@ FEATURE_GROUPS = {
 @dataclass(frozen=True)
 class Kernels:
     """The built operators and the variant this CPU runs: ``isa`` "avx512" (blocked weight
-    layouts, paged attention) or "avx2" (the canonical int4 layout)."""
+    layouts, paged attention) or "avx2" (the canonical int4 layout); ``vnni`` int8 dot products
+    for the int4 kernels, ``bf16`` AVX512-BF16 dot products for the bf16 one (without it the
+    bf16 weights are widened to float32)."""
 
     isa: str
     vnni: bool
     ops: Any  # torch.ops.qwen_serve
+    bf16: bool = False
 
 
 @lru_cache(maxsize=1)
@@ -96,11 +99,34 @@ def _select(features: frozenset[str]) -> Kernels | None:
     else:
         return None
     ops = _library()
-    return None if ops is None else Kernels(isa, "avx512_vnni" in features, ops)
+    return None if ops is None else Kernels(isa, "avx512_vnni" in features, ops, isa == "avx512" and "avx512_bf16" in features)
 
 
 def _sources() -> list[Path]:
     return sorted(p for p in SOURCE_DIR.iterdir() if p.suffix in (".cpp", ".h", ".inc"))
+
+
+@lru_cache(maxsize=1)
+def build_key() -> str:
+    """The kernels' build: a digest of their sources and torch's version."""
+    import torch
+
+    digest = hashlib.sha256(torch.__version__.encode())
+    for path in _sources():
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it ("" where it does not)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 @lru_cache(maxsize=1)
@@ -110,11 +136,7 @@ def _library() -> Any | None:
     if shutil.which(os.environ.get("CXX", "c++")) is None or shutil.which("ninja") is None and not _ninja_module():
         log.warning("no C++ compiler or ninja: the torch backend runs its pure-torch fallbacks")
         return None
-    digest = hashlib.sha256(torch.__version__.encode())
-    for path in _sources():
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    key = digest.hexdigest()[:16]
-    name = f"qwen_serve_kernels_{key}"
+    name = f"qwen_serve_kernels_{build_key()}"
     build_dir = cache_dir("kernels") / name
     library = build_dir / f"{name}.so"
     try:

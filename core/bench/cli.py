@@ -5,6 +5,7 @@ concurrency and prompt / output lengths; write JSON and PNG plots.
         --concurrency 1,8,16 --prompt-tokens 64 --output-tokens 128 --tokenizer CKPT_DIR --out results/
     qwen-serve bench --prefill --endpoint ours=http://127.0.0.1:8000 --tokenizer CKPT_DIR --out results/
     qwen-serve bench --merge a.json b.json --out results/ --name side-by-side
+    qwen-serve bench --kernels --model CKPT_DIR --quant int4   # the paths the backend chose on this CPU
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ..errors import QwenServeError
 from .client import LENGTH_CONTROLS
 from .endpoint import EndpointSpec
 from .runner import RunOptions, SweepPoint
@@ -78,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-bandwidth", action="store_true", help="skip measuring memory bandwidth")
+    k = p.add_argument_group("--kernels: load a model and print the compute paths its backend chose by timing")
+    k.add_argument("--kernels", action="store_true", help="print the CPU and the table the paths were chosen from")
+    k.add_argument("--model", default=None, help="checkpoint (default: the embedded model)")
+    k.add_argument("--backend", default="torch")
+    k.add_argument("--quant", default="int4")
+    k.add_argument("--dtype", default="float32")
     return p
 
 
@@ -93,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args)
-    except (ValueError, ConnectionError, OSError) as exc:
+    except (ValueError, ConnectionError, OSError, QwenServeError) as exc:
         print(f"qwen-serve bench: error: {exc}", file=sys.stderr)
         return 2
 
@@ -101,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     from . import report
 
+    if args.kernels:
+        return print_kernels(args)
     if args.merge:
         document = report.merge([report.read_json(p) for p in args.merge], [str(p) for p in args.merge])
     elif not args.endpoint:
@@ -115,6 +125,21 @@ def run(args: argparse.Namespace) -> int:
 
         for png in write_plots(document, args.out, f"{args.name}-"):
             print(f"wrote {png}")
+    return 0
+
+
+def print_kernels(args: argparse.Namespace) -> int:
+    """The CPU's key flags, then the executor's table (ChoosesKernels), measured now if this
+    machine has no cached choice for the model's shapes."""
+    from ..engine.builder import build_engine
+    from ..protocols import ChoosesKernels
+    from .machine import cpu_info
+
+    cpu = cpu_info()
+    print(f"CPU {cpu['model_name']} ({cpu['usable_cpus']} usable), flags: {' '.join(cpu['key_flags'])}")
+    parts = build_engine(args.model, args.backend, dtype=args.dtype, quant=args.quant, calibrate=False)
+    table = parts.executor.kernel_table() if isinstance(parts.executor, ChoosesKernels) else []
+    print("\n".join(table) if table else f"the {args.backend} backend chose no compute paths for this model")
     return 0
 
 

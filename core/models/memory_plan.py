@@ -1,4 +1,5 @@
-"""The start-up summary: geometry, KV bytes per token / block / pool, and weight bytes.
+"""The start-up summary: geometry, KV bytes per token / block / pool, weight bytes, and the
+compute paths a backend chose by timing.
 
 KV sizes come from the storage the cache was built on (``KVStorage.bytes_per_token``), so a
 quantized cache shows its own figure, scales included, not one guessed from the dtype flag."""
@@ -7,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..kv.memory import blocks_spanned
-from ..protocols import SlidingWindow
+from ..protocols import ChoosesKernels, SlidingWindow
 
 
 def mib(n: int) -> str:
@@ -37,4 +38,7 @@ def format_memory_plan(parts: Any, dtype: str, quant: str) -> str:
         f"scheduler  max batch {e.max_batch} sequences, step budget {e.step_budget} tokens, "
         f"prefill chunk {e.chunk_size} tokens, max sequence {parts.engine.max_seq_len} tokens, "
         f"prefix cache {'on' if e.prefix_cache else 'off'}")
+    if isinstance(parts.executor, ChoosesKernels) and (table := parts.executor.kernel_table()):
+        lines.append("kernels    chosen by timing on this CPU, ms at each end of each row class (* chosen, ! forced)")
+        lines += [f"           {line}" for line in table]
     return "\n".join(lines)

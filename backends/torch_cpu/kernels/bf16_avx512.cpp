@@ -1,7 +1,10 @@
-// bfloat16 weights times float32 x with float32 results (AVX512-BF16), weight layout [blocks,
-// K/2, 16 rows, 2]: every bf16 linear on CPUs without AMX, and the lm_head everywhere, whose
-// logits must stay float32 (rounded to bf16, the top two logits of SmolLM2 tied). x is rounded to
-// bf16 here, so the caller needs no conversion around the call, and y is not rounded at all.
+// bfloat16 weights times float32 x with float32 results, weight layout [blocks, K/2, 16 rows, 2]:
+// every bf16 linear on AVX-512 CPUs without AMX, and the lm_head everywhere, whose logits must
+// stay float32 (rounded to bf16, the top two logits of SmolLM2 tied). With AVX512-BF16, x is
+// rounded to bf16 here and vdpbf16ps multiplies pairs; without it (an Ice Lake, a Zen 3) each
+// weight pair is widened to float32 with two shifts and x stays float32, two multiply-adds where
+// vdpbf16ps does one: decode reads the same bytes either way, and the alternative there was
+// converting the whole weight to float32 on every call. y is not rounded at all.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -13,6 +16,20 @@
 
 namespace qs {
 
+namespace {
+
+// A tile's NB * MT accumulators into y (rows N apart), the outputs past N left out.
+template <int NB, int MT>
+__attribute__((target("avx512f"))) QS_INLINE void store_tile(__m512 (&acc)[NB][MT], float* y, int64_t N, int64_t n0) {
+  for (int j = 0; j < NB; j++) {
+    const int64_t left = N - n0 - 16 * j;
+    const __mmask16 keep = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    for (int m = 0; m < MT; m++) _mm512_mask_storeu_ps(y + m * N + n0 + 16 * j, keep, acc[j][m]);
+  }
+}
+
+}  // namespace
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
 namespace {
@@ -22,7 +39,7 @@ namespace {
 // kernel waited on vdpbf16ps's latency: 4 Qwen3-0.6B layers at 8 rows took 9.1 ms, 5.2 with three
 // (benchmarks/bench_linears.py, Zen 4).
 template <int NB, int MT>
-void bf16b_tile(const uint32_t* xpairs, int64_t K, const uint16_t* block, float* y, int64_t N, int64_t n0) {
+void bf16b_tile(const uint32_t* xpairs, int64_t K, const uint16_t* block, float* y, int64_t N, int64_t n0, const float*) {
   __m512 acc[NB][MT];
   for (int j = 0; j < NB; j++)
     for (int m = 0; m < MT; m++) acc[j][m] = _mm512_setzero_ps();
@@ -34,54 +51,103 @@ void bf16b_tile(const uint32_t* xpairs, int64_t K, const uint16_t* block, float*
       for (int j = 0; j < NB; j++) acc[j][m] = _mm512_dpbf16_ps(acc[j][m], w[j], xm);
     }
   }
-  for (int j = 0; j < NB; j++) {
-    const int64_t left = N - n0 - 16 * j;
-    const __mmask16 keep = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
-    for (int m = 0; m < MT; m++) _mm512_mask_storeu_ps(y + m * N + n0 + 16 * j, keep, acc[j][m]);
-  }
+  store_tile<NB, MT>(acc, y, N, n0);
 }
 
-// Blocks in panels of about PANEL_BYTES of weights (whole groups of 3): each tile of 8 rows of x
-// runs over a panel while the panel stays in L2, so x is read once per panel, not per group.
-constexpr int64_t PANEL_BYTES = 256 << 10;
+}  // namespace
+#pragma GCC pop_options
 
-void bf16b_range(const uint32_t* xpairs, int64_t M, int64_t K, const uint16_t* codes, float* y, int64_t N,
-                 int64_t b_begin, int64_t b_end) {
-  const int64_t panel = std::max<int64_t>(1, PANEL_BYTES / (K * 16 * 2 * 3)) * 3;
-  for (int64_t p0 = b_begin; p0 < b_end; p0 += panel) {
-    const int64_t p1 = std::min(b_end, p0 + panel);
-    for (int64_t m0 = 0; m0 < M; m0 += 8) {
-      const uint32_t* xm = xpairs + m0 * (K / 2);
-      float* ym = y + m0 * N;
-      with_count_1_to_8(M - m0, [&](auto rows) {
-        constexpr int MT = decltype(rows)::value;
-        for (int64_t b = p0; b < p1; b += 3) {
-          const uint16_t* block = codes + b * K * 16;
-          if (b + 2 < p1) bf16b_tile<3, MT>(xm, K, block, ym, N, b * 16);
-          else if (b + 1 < p1) bf16b_tile<2, MT>(xm, K, block, ym, N, b * 16);
-          else bf16b_tile<1, MT>(xm, K, block, ym, N, b * 16);
-        }
-      });
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
+namespace {
+
+// The same tile without AVX512-BF16: x float32 [MT, K], each weight pair widened to float32.
+template <int NB, int MT>
+void bf16b_tile_widened(const uint32_t*, int64_t K, const uint16_t* block, float* y, int64_t N, int64_t n0,
+                        const float* x) {
+  __m512 acc[NB][MT];
+  for (int j = 0; j < NB; j++)
+    for (int m = 0; m < MT; m++) acc[j][m] = _mm512_setzero_ps();
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t p = 0; p < K / 2; p++) {
+    __m512 first[NB], second[NB];
+    for (int j = 0; j < NB; j++) {
+      const __m512i w = _mm512_loadu_si512(block + j * K * 16 + p * 32);
+      first[j] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));  // a pair's first input is its low half
+      second[j] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+    }
+    for (int m = 0; m < MT; m++) {
+      const __m512 x0 = _mm512_set1_ps(x[m * K + 2 * p]), x1 = _mm512_set1_ps(x[m * K + 2 * p + 1]);
+      for (int j = 0; j < NB; j++) acc[j][m] = _mm512_fmadd_ps(second[j], x1, _mm512_fmadd_ps(first[j], x0, acc[j][m]));
     }
   }
+  store_tile<NB, MT>(acc, y, N, n0);
 }
 
+}  // namespace
+#pragma GCC pop_options
+
+namespace {
+
 // x rounded to bfloat16 (nearest even), two values per uint32 as vdpbf16ps reads them.
-void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void round_to_bf16(const float* x, int64_t n, uint16_t* out) {
   int64_t i = 0;
   for (; i + 32 <= n; i += 32)
     _mm512_storeu_si512(out + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i)));
   for (; i < n; i++) out[i] = bf16_bits(x[i]);  // the same rounding in integers
 }
 
-}  // namespace
-#pragma GCC pop_options
+// Blocks in panels of about PANEL_BYTES of weights (whole groups of 3): each tile of 8 rows of x
+// runs over a panel while the panel stays in L2, so x is read once per panel, not per group.
+constexpr int64_t PANEL_BYTES = 256 << 10;
 
-void bf16b_matmul_avx512(const float* x, int64_t M, int64_t K, const uint16_t* codes, int64_t N, float* y) {
+// WIDEN: bf16b_tile_widened on float32 x, else bf16b_tile on x's bf16 pairs.
+template <bool WIDEN>
+void bf16b_range(const uint32_t* xpairs, const float* x, int64_t M, int64_t K, const uint16_t* codes, float* y,
+                 int64_t N, int64_t b_begin, int64_t b_end) {
+  const int64_t panel = std::max<int64_t>(1, PANEL_BYTES / (K * 16 * 2 * 3)) * 3;
+  for (int64_t p0 = b_begin; p0 < b_end; p0 += panel) {
+    const int64_t p1 = std::min(b_end, p0 + panel);
+    for (int64_t m0 = 0; m0 < M; m0 += 8) {
+      const uint32_t* xm = WIDEN ? nullptr : xpairs + m0 * (K / 2);
+      const float* xf = WIDEN ? x + m0 * K : nullptr;
+      float* ym = y + m0 * N;
+      with_count_1_to_8(M - m0, [&](auto rows) {
+        constexpr int MT = decltype(rows)::value;
+        for (int64_t b = p0; b < p1; b += 3) {
+          const uint16_t* block = codes + b * K * 16;
+          const int nb = b + 2 < p1 ? 3 : b + 1 < p1 ? 2 : 1;
+          if constexpr (WIDEN) {
+            if (nb == 3) bf16b_tile_widened<3, MT>(xm, K, block, ym, N, b * 16, xf);
+            else if (nb == 2) bf16b_tile_widened<2, MT>(xm, K, block, ym, N, b * 16, xf);
+            else bf16b_tile_widened<1, MT>(xm, K, block, ym, N, b * 16, xf);
+          } else {
+            if (nb == 3) bf16b_tile<3, MT>(xm, K, block, ym, N, b * 16, xf);
+            else if (nb == 2) bf16b_tile<2, MT>(xm, K, block, ym, N, b * 16, xf);
+            else bf16b_tile<1, MT>(xm, K, block, ym, N, b * 16, xf);
+          }
+        }
+      });
+    }
+  }
+}
+
+}  // namespace
+
+void bf16b_matmul_avx512(const float* x, int64_t M, int64_t K, const uint16_t* codes, int64_t N, float* y,
+                         bool dot_bf16) {
+  if (!dot_bf16) {
+    at::parallel_for(0, (N + 15) / 16, 3, [&](int64_t b, int64_t e) {
+      bf16b_range<true>(nullptr, x, M, K, codes, y, N, b, e);
+    });
+    return;
+  }
   std::vector<uint16_t> xb(M * K);
   round_to_bf16(x, M * K, xb.data());
   const uint32_t* pairs = reinterpret_cast<const uint32_t*>(xb.data());
-  at::parallel_for(0, (N + 15) / 16, 3, [&](int64_t b, int64_t e) { bf16b_range(pairs, M, K, codes, y, N, b, e); });
+  at::parallel_for(0, (N + 15) / 16, 3, [&](int64_t b, int64_t e) {
+    bf16b_range<false>(pairs, x, M, K, codes, y, N, b, e);
+  });
 }
 
 }  // namespace qs

@@ -24,6 +24,10 @@ void q4b_matmul_vnni8(const float* x, int64_t M, int64_t K, const uint8_t* codes
                       const uint16_t* zero, int64_t N, float* y);
 void q8b_matmul_vnni8(const float* x, int64_t M, int64_t K, const int8_t* codes, const float* scale, int64_t N,
                       float* y);
+// Blocks [first, stop) of a blocked int4 weight dequantized into a transposed tile out [K, ld], float32
+// or bfloat16 (unpack_avx512.cpp): block i's 16 rows are columns 16 * (i - first) onwards.
+void q4b_unpack_avx512(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int64_t groups,
+                       int64_t first, int64_t stop, void* out, int64_t ld, bool bf16);
 
 // Decode attention over a paged KV cache, read in place through the block tables (AVX-512).
 // kv_bf16: the caches hold bfloat16 (as uint16), else float32. q [B, H, D] has rows q_stride apart.
@@ -39,8 +43,10 @@ void kv_write(const float* keys, const float* values, int64_t T, int64_t key_str
 }  // namespace qs
 
 namespace qs {
-// bfloat16 weights [blocks, K/2, 16 rows, 2] times float32 x, float32 y (AVX512-BF16).
-void bf16b_matmul_avx512(const float* x, int64_t M, int64_t K, const uint16_t* codes, int64_t N, float* y);
+// bfloat16 weights [blocks, K/2, 16 rows, 2] times float32 x, float32 y: with dot_bf16 x is rounded
+// to bf16 and pairs multiplied by vdpbf16ps (AVX512-BF16), else weights widened to float32 (AVX-512).
+void bf16b_matmul_avx512(const float* x, int64_t M, int64_t K, const uint16_t* codes, int64_t N, float* y,
+                         bool dot_bf16);
 
 // Fused element-wise steps of a decoder layer (fused.cpp), float32, rows independent; head_norm_rope
 // and silu_mul take rows at a stride (the column slices of a merged projection's output).

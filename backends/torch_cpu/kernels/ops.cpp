@@ -84,6 +84,20 @@ at::Tensor q4b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, const
   return y;
 }
 
+// Blocks [first, stop) of the blocked int4 layout into out [K, >= 16 * (stop - first)] (float32 or
+// bfloat16, rows contiguous): the transposed prefill tile.
+void q4b_unpack_avx512_(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero, int64_t first,
+                        int64_t stop, at::Tensor out) {
+  require_q4b(false);
+  const int64_t K = check_q4b_weight(codes, scale, zero, codes.size(0) * 16);
+  TORCH_CHECK(0 <= first && first <= stop && stop <= codes.size(0), "blocks [", first, ", ", stop, ") out of range");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == K && out.size(1) >= 16 * (stop - first) && out.stride(1) == 1 &&
+                  (out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16),
+              "out must be float32 or bfloat16 [K, 16 * blocks] with contiguous rows");
+  qs::q4b_unpack_avx512(codes.data_ptr<uint8_t>(), half_bits(scale), half_bits(zero), codes.size(1), first, stop,
+                        out.data_ptr(), out.stride(0), out.scalar_type() == at::kBFloat16);
+}
+
 at::Tensor q8b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, int64_t N,
                              bool vnni) {
   require("avx512bw", __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"));
@@ -99,8 +113,9 @@ at::Tensor q8b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, const
   return y;
 }
 
-void require_bf16b() {
-  require("avx512bf16", __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw"));
+void require_bf16b(bool dot_bf16) {
+  require("avx512bw", __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"));
+  if (dot_bf16) require("avx512bf16", __builtin_cpu_supports("avx512bf16"));
 }
 
 // The blocked bfloat16 layout of N output rows; returns K.
@@ -112,14 +127,14 @@ int64_t check_bf16b_weight(const at::Tensor& codes, int64_t N) {
   return codes.size(1) * 2;
 }
 
-at::Tensor bf16b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, int64_t N) {
-  require_bf16b();
+at::Tensor bf16b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, int64_t N, bool dot_bf16) {
+  require_bf16b(dot_bf16);
   const int64_t K = check_bf16b_weight(codes, N);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == K,
               "x must be contiguous float32 [M, K]");
   at::Tensor y = at::empty({x.size(0), N}, x.options());
   qs::bf16b_matmul_avx512(x.data_ptr<float>(), x.size(0), K, reinterpret_cast<const uint16_t*>(codes.data_ptr()), N,
-                          y.data_ptr<float>());
+                          y.data_ptr<float>(), dot_bf16);
   return y;
 }
 
@@ -279,7 +294,8 @@ constexpr int64_t PER_LAYER = 16;
 at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::TensorList weights, at::TensorList key_caches,
                           at::TensorList value_caches, const at::Tensor& cos, const at::Tensor& sin,
                           const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& lengths,
-                          int64_t block_size, int64_t heads, int64_t kv_heads, double eps, double scale, bool vnni) {
+                          int64_t block_size, int64_t heads, int64_t kv_heads, double eps, double scale, bool vnni,
+                          bool dot_bf16) {
   require("avx512f", __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"));
   const int64_t L = static_cast<int64_t>(key_caches.size());
   TORCH_CHECK(L > 0 && static_cast<int64_t>(weights.size()) == L * PER_LAYER && value_caches.size() == key_caches.size(),
@@ -297,7 +313,7 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::TensorLis
   // The input width of a projection (int4 or bfloat16 blocks) of N outputs, checked.
   auto input_width = [&](const at::Tensor* w, int64_t N) {
     if (w[0].scalar_type() == at::kBFloat16) {
-      require_bf16b();
+      require_bf16b(dot_bf16);
       return check_bf16b_weight(w[0], N);
     }
     require_q4b(vnni);
@@ -333,7 +349,7 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::TensorLis
   const float f_eps = static_cast<float>(eps);
   auto project = [&](const at::Tensor* w, const float* in, int64_t K, int64_t N, float* out) {
     if (w[0].scalar_type() == at::kBFloat16)
-      qs::bf16b_matmul_avx512(in, T, K, half_bits(w[0]), N, out);
+      qs::bf16b_matmul_avx512(in, T, K, half_bits(w[0]), N, out, dot_bf16);
     else
       qs::q4b_matmul_avx512(in, T, K, w[0].data_ptr<uint8_t>(), half_bits(w[1]), half_bits(w[2]), N, out, vnni);
   };
@@ -370,6 +386,8 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("permute_groups", &permute_groups);
   m.def("q4b_matmul_avx512", &q4b_matmul_avx512);
   m.def("q8b_matmul_avx512", &q8b_matmul_avx512);
+  m.def("q4b_unpack_avx512_(Tensor codes, Tensor scale, Tensor zero, int first, int stop, Tensor(a!) out) -> ()",
+        &q4b_unpack_avx512_);
   m.def("paged_decode_avx512", &paged_decode_avx512);
   m.def("kv_write_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slots, Tensor keys, Tensor values) -> ()", &kv_write_);
   m.def("bf16b_matmul_avx512", &bf16b_matmul_avx512);
@@ -379,5 +397,5 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("silu_mul", &silu_mul);
   m.def("decode_layers_(Tensor(a!) hidden, Tensor x, Tensor[] weights, Tensor(b!)[] key_caches, "
         "Tensor(c!)[] value_caches, Tensor cos, Tensor sin, Tensor slots, Tensor block_tables, Tensor lengths, "
-        "int block_size, int heads, int kv_heads, float eps, float scale, bool vnni) -> Tensor", &decode_layers_);
+        "int block_size, int heads, int kv_heads, float eps, float scale, bool vnni, bool dot_bf16) -> Tensor", &decode_layers_);
 }

@@ -1,0 +1,211 @@
+"""Each quantized projection's path per row class (path_plan.py), chosen by timing on this CPU.
+
+Where the kernels and the dequantized tiles cross depends on the CPU, and no row count holds on
+all of them: on a Zen 5 the AVX-512 kernels beat bf16 tiles at every size, while on a Sapphire
+Rapids a fixed 64-row crossover sent 72-row prefills to tiles that took six times as long. So
+the first time a model loads on a machine, each distinct projection shape times every path it
+may take at both ends of each row class (a synthetic layer of its shape, random weights), and
+each class takes the path whose worse end lags that end's fastest path least. The timings and
+the choices are kept in the cache directory under a key of the CPU's model and flags, the
+kernels' build, torch's version and the thread count, so this costs seconds once per machine.
+
+``QWEN_SERVE_KERNELS`` forces paths over the measured ones: ``int4=tiles_bf16``, or per row class
+``int4:65-512=tiles_f32,int8=kernel`` (kinds int4 and int8; a path the CPU runs slowly, such as
+bf16 tiles without native bf16, is still correct).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from qwen_serve.cache_dir import cache_dir
+from qwen_serve.errors import ModelLoadError
+from qwen_serve.quant.int4 import GROUP, Int4Weight
+
+from .int4_linear import Int4Linear, Int8Linear, Scratch
+from .native import Kernels, build_key, cpu_features, cpu_model, has_fast_bf16_matmul
+from .path_plan import CLASS_LABELS, PATHS, ROW_CLASSES, PathPlan
+
+log = logging.getLogger("qwen_serve.torch")
+ENV = "QWEN_SERVE_KERNELS"
+KINDS = {"int4": Int4Linear, "int8": Int8Linear}
+PROBE_ROWS = sorted({rows for bounds in ROW_CLASSES for rows in bounds})
+MAX_TIMED_WEIGHTS = 1 << 23  # a larger shape is timed on fewer of its output rows: cost is linear in them
+REPEATS = 5
+
+
+@dataclass(frozen=True)
+class ShapeChoice:
+    """One projection shape: the seconds each path took at each probe's rows, and the plan."""
+
+    kind: str
+    out_features: int
+    in_features: int
+    seconds: dict[str, dict[int, float]]  # path -> rows -> best of REPEATS
+    plan: PathPlan
+    forced: tuple[bool, ...]  # per row class: set by QWEN_SERVE_KERNELS
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} {self.out_features}x{self.in_features}"
+
+
+def choose_paths(linears: Iterable, kernels: Kernels | None) -> list[ShapeChoice]:
+    """Set the plan of every quantized layer among ``linears`` (measured or read from the cache,
+    then overridden by QWEN_SERVE_KERNELS) and return the choices, one per distinct shape."""
+    forced = forced_paths(os.environ.get(ENV, ""))
+    by_shape: dict[tuple[str, int, int], list] = {}
+    for linear in linears:
+        kind = next((k for k, cls in KINDS.items() if type(linear) is cls), None)
+        if kind is not None:
+            by_shape.setdefault((kind, linear.out_features, linear.in_features), []).append(linear)
+    if not by_shape:
+        return []
+    path = choices_file()
+    stored = _read(path)
+    choices, measured = [], False
+    for (kind, n, k), layers in by_shape.items():
+        runnable = layers[0].kernels is not None
+        for (forced_kind, _), choice in forced.items():
+            if forced_kind == kind and choice == "kernel" and not runnable:
+                raise ModelLoadError(f"{ENV} asks for the {kind} kernel, which this machine cannot run "
+                                     "(the kernels are not built here)")
+        key = f"{kind} {n}x{k}"
+        seconds = stored.get(key)
+        if seconds is None and not all((kind, c) in forced for c in range(len(ROW_CLASSES))):
+            seconds = stored[key] = _measure(kind, n, k, layers[0].kernels, _candidates(runnable))
+            measured = True
+        plan = _fastest(seconds) if seconds else PathPlan.fixed("tiles_f32")
+        plan = PathPlan(tuple(forced.get((kind, c), p) for c, p in enumerate(plan.paths)))
+        for layer in layers:
+            layer.plan = plan
+        choices.append(ShapeChoice(kind, n, k, seconds or {}, plan,
+                                   tuple((kind, c) in forced for c in range(len(ROW_CLASSES)))))
+    if measured:
+        _write(path, stored)
+    return choices
+
+
+def forced_paths(text: str) -> dict[tuple[str, int], str]:
+    """QWEN_SERVE_KERNELS as {(kind, row class index): path}; a bad entry is a one-line error."""
+    forced = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        target, sep, path = item.partition("=")
+        kind, colon, rows = target.strip().partition(":")
+        if not sep or kind not in KINDS or path.strip() not in PATHS or colon and rows.strip() not in CLASS_LABELS:
+            raise ModelLoadError(f"{ENV}: {item!r} is not KIND[:ROWS]=PATH with KIND one of {', '.join(KINDS)}, "
+                                 f"ROWS one of {', '.join(CLASS_LABELS)}, PATH one of {', '.join(PATHS)}")
+        classes = [CLASS_LABELS.index(rows.strip())] if colon else range(len(ROW_CLASSES))
+        forced.update({(kind, c): path.strip() for c in classes})
+    return forced
+
+
+def machine() -> dict:
+    """What the timings depend on; a change in any of it means measuring again."""
+    flags = sorted(f for f in cpu_features() if f.startswith(("avx", "amx", "fma", "f16c")))
+    return {"cpu": cpu_model(), "flags": flags, "kernels": build_key(), "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+
+
+def choices_file() -> Path:
+    key = hashlib.sha256(json.dumps(machine(), sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir("kernels") / "choices" / f"{key}.json"
+
+
+def describe(choices: list[ShapeChoice]) -> list[str]:
+    """The table the paths were chosen from: ms at each end of each row class, the chosen path
+    marked * (or ! where QWEN_SERVE_KERNELS forced it)."""
+    lines = [f"{'shape / path':28s}" + "".join(f"{'rows ' + label:>18s}" for label in CLASS_LABELS)]
+    for choice in choices:
+        lines.append(choice.name)
+        for path in sorted(set(choice.seconds) | set(choice.plan.paths), key=PATHS.index):
+            cells = []
+            for c, (lo, hi) in enumerate(ROW_CLASSES):
+                times = choice.seconds.get(path)
+                cell = "-" if times is None else "/".join(f"{times[n] * 1e3:.2f}" for n in dict.fromkeys((lo, hi)))
+                mark = ("!" if choice.forced[c] else "*") if choice.plan.paths[c] == path else " "
+                cells.append(f"{cell}{mark}")
+            lines.append(f"  {path:26s}" + "".join(f"{cell:>18s}" for cell in cells))
+    return lines
+
+
+def _candidates(runnable: bool) -> list[str]:
+    paths = ["kernel"] if runnable else []
+    return paths + ["tiles_f32"] + (["tiles_bf16"] if has_fast_bf16_matmul() else [])
+
+
+def _fastest(seconds: dict[str, dict[int, float]]) -> PathPlan:
+    if len(seconds) == 1:  # nothing to choose from: nothing was timed
+        return PathPlan.fixed(next(iter(seconds)))
+    paths = []
+    for lo, hi in ROW_CLASSES:
+        def lag(path: str) -> float:
+            return max(seconds[path][n] / min(times[n] for times in seconds.values()) for n in (lo, hi))
+        paths.append(min(sorted(seconds, key=PATHS.index), key=lag))  # a tie goes to the kernel
+    return PathPlan(tuple(paths))
+
+
+def _measure(kind: str, out_features: int, in_features: int, kernels: Kernels | None,
+             paths: list[str]) -> dict[str, dict[int, float]]:
+    if len(paths) == 1:
+        return {paths[0]: {rows: 0.0 for rows in PROBE_ROWS}}
+    rows = min(out_features, max(256, MAX_TIMED_WEIGHTS // in_features // 16 * 16))
+    layers = {path: _synthetic(kind, rows, in_features, kernels, PathPlan.fixed(path)) for path in paths}
+    started = time.perf_counter()
+    seconds = {path: {} for path in paths}
+    for n in PROBE_ROWS:
+        x = torch.randn(n, in_features)
+        for layer in layers.values():
+            layer(x)  # scratch buffers, oneDNN's primitive for this shape
+        for _ in range(REPEATS):  # the paths in turns: a moment of load elsewhere hits them alike
+            for path, layer in layers.items():
+                start = time.perf_counter()
+                layer(x)
+                seconds[path][n] = min(seconds[path].get(n, float("inf")), time.perf_counter() - start)
+    log.info("timed %s %dx%d on %d rows in %.1f s", kind, out_features, in_features, rows,
+             time.perf_counter() - started)
+    return seconds
+
+
+def _synthetic(kind: str, rows: int, cols: int, kernels: Kernels | None, plan: PathPlan):
+    """A layer of the shape on random weights (one per path, so each path keeps its own scratch
+    as a model's layers share theirs)."""
+    rng = np.random.default_rng(0)
+    if kind == "int4":
+        groups = cols // GROUP
+        weight = Int4Weight(rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8),
+                            np.full((rows, groups), 0.01, np.float16), np.full((rows, groups), -0.08, np.float16))
+        layer = Int4Linear(weight, scratch=Scratch(), kernels=kernels)
+    else:
+        layer = Int8Linear(torch.from_numpy(rng.standard_normal((rows, cols), dtype=np.float32)), scratch=Scratch(),
+                           kernels=kernels)
+    layer.plan = plan
+    return layer
+
+
+def _read(path: Path) -> dict[str, dict[str, dict[int, float]]]:
+    try:
+        shapes = json.loads(path.read_text())["shapes"]
+        return {key: {p: {int(n): float(t) for n, t in times.items()} for p, times in paths.items()}
+                for key, paths in shapes.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}  # none yet, or unreadable: measure again
+
+
+def _write(path: Path, shapes: dict) -> None:
+    """Atomically (a concurrent load reads the old file or the new one, never half of one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({"machine": machine(), "shapes": shapes}, indent=1))
+    os.replace(temporary, path)

@@ -26,6 +26,7 @@ from .path_plan import TILE_DTYPES, PathPlan
 from .row_buckets import pad_rows
 
 SCRATCH_FLOATS = 1 << 22  # 16 MiB of float32: one weight tile, shared by every layer
+TILE_PAD = 16  # elements at the end of each row of a transposed tile (see Int4Linear._tile)
 ROWS_PER_PASS = 8192  # rows quantized at a time, so a 151936-row embedding needs no full float copy
 
 
@@ -156,7 +157,9 @@ class Int4Linear(_QuantizedLinear):
         if not self.blocked or self.kernels is None:
             return super()._tile(start, stop, dtype)
         first, last = start // blocked.BLOCK, -(-stop // blocked.BLOCK)
-        tile = self.scratch.tile(self.in_features, (last - first) * blocked.BLOCK, dtype)
+        # rows TILE_PAD apart beyond the tile's width: at a power-of-two stride the kernel's stores
+        # to 64 rows at a time all fell in the same cache sets (bf16: 3.4 -> 10.3 G weights/s)
+        tile = self.scratch.tile(self.in_features, (last - first) * blocked.BLOCK + TILE_PAD, dtype)
         self.kernels.ops.q4b_unpack_avx512_(self.codes, self.scale, self.zero, first, last, tile)
         return tile[:, : stop - start].t()
 

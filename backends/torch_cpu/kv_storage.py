@@ -1,5 +1,11 @@
 """Key/value tensors for every layer, addressed by slot, grown a slab of blocks at a time so
-resident memory follows the blocks actually handed out, not the configured pool size."""
+resident memory follows the blocks actually handed out, not the configured pool size.
+
+Each layer's keys and values are views of one buffer of the whole pool, allocated with
+torch.empty on the first growth: its pages become resident only when first written, so a
+growth is a longer view, not a copy. (Copying the pool on every slab cost a server's early
+prefills O(pool) each: a 512-token prompt took 2.7 s instead of 2.1, 1.8 s of CPU in copies, once
+the cache held a few thousand tokens; Ice Lake, Qwen3-0.6B geometry, benchmarks/prefill.py.)"""
 from __future__ import annotations
 
 import torch
@@ -24,14 +30,25 @@ class TorchKVStorage(SlabGrownStorage):
         shape = (0, num_kv_heads, head_dim)
         self.keys = [torch.empty(shape, dtype=dtype) for _ in range(num_layers)]
         self.values = [torch.empty(shape, dtype=dtype) for _ in range(num_layers)]
+        self._pools: list[torch.Tensor] = []  # keys then values, each the whole pool's slots, untouched
 
     def _grow(self, new_blocks: int) -> None:
-        old_slots = self.capacity_blocks * self.block_size
-        for tensors in (self.keys, self.values):
+        new_slots = new_blocks * self.block_size
+        if not self._pools:
+            try:
+                slots = self.max_blocks * self.block_size
+                self._pools = [torch.empty((slots, *t.shape[1:]), dtype=self.dtype) for t in self.keys + self.values]
+            except RuntimeError:  # more address space than the system grants: copy on each growth
+                self._pools = []
+        layers = len(self.keys)
+        for index, tensors in enumerate((self.keys, self.values)):
             for i, old in enumerate(tensors):
-                grown = torch.empty((new_blocks * self.block_size, *old.shape[1:]), dtype=self.dtype)
-                grown[:old_slots] = old
-                tensors[i] = grown
+                if self._pools:
+                    tensors[i] = self._pools[index * layers + i][:new_slots]
+                else:
+                    grown = torch.empty((new_slots, *old.shape[1:]), dtype=self.dtype)
+                    grown[: old.shape[0]] = old
+                    tensors[i] = grown
 
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """keys, values [T, kv heads, D]; float32 rows at a stride (column slices) go through one

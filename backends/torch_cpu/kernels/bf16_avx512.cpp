@@ -39,7 +39,7 @@ namespace {
 // kernel waited on vdpbf16ps's latency: 4 Qwen3-0.6B layers at 8 rows took 9.1 ms, 5.2 with three
 // (benchmarks/bench_linears.py, Zen 4).
 template <int NB, int MT>
-void bf16b_tile(const uint32_t* xpairs, int64_t K, const uint16_t* block, float* y, int64_t N, int64_t n0, const float*) {
+void bf16b_tile(const uint32_t* xpairs, int64_t K, const uint16_t* block, float* y, int64_t N, int64_t n0) {
   __m512 acc[NB][MT];
   for (int j = 0; j < NB; j++)
     for (int m = 0; m < MT; m++) acc[j][m] = _mm512_setzero_ps();
@@ -63,8 +63,7 @@ namespace {
 
 // The same tile without AVX512-BF16: x float32 [MT, K], each weight pair widened to float32.
 template <int NB, int MT>
-void bf16b_tile_widened(const uint32_t*, int64_t K, const uint16_t* block, float* y, int64_t N, int64_t n0,
-                        const float* x) {
+void bf16b_tile_widened(const float* x, int64_t K, const uint16_t* block, float* y, int64_t N, int64_t n0) {
   __m512 acc[NB][MT];
   for (int j = 0; j < NB; j++)
     for (int m = 0; m < MT; m++) acc[j][m] = _mm512_setzero_ps();
@@ -116,16 +115,14 @@ void bf16b_range(const uint32_t* xpairs, const float* x, int64_t M, int64_t K, c
         constexpr int MT = decltype(rows)::value;
         for (int64_t b = p0; b < p1; b += 3) {
           const uint16_t* block = codes + b * K * 16;
-          const int nb = b + 2 < p1 ? 3 : b + 1 < p1 ? 2 : 1;
-          if constexpr (WIDEN) {
-            if (nb == 3) bf16b_tile_widened<3, MT>(xm, K, block, ym, N, b * 16, xf);
-            else if (nb == 2) bf16b_tile_widened<2, MT>(xm, K, block, ym, N, b * 16, xf);
-            else bf16b_tile_widened<1, MT>(xm, K, block, ym, N, b * 16, xf);
-          } else {
-            if (nb == 3) bf16b_tile<3, MT>(xm, K, block, ym, N, b * 16, xf);
-            else if (nb == 2) bf16b_tile<2, MT>(xm, K, block, ym, N, b * 16, xf);
-            else bf16b_tile<1, MT>(xm, K, block, ym, N, b * 16, xf);
-          }
+          auto tile = [&](auto blocks) {
+            constexpr int NB = decltype(blocks)::value;
+            if constexpr (WIDEN) bf16b_tile_widened<NB, MT>(xf, K, block, ym, N, b * 16);
+            else bf16b_tile<NB, MT>(xm, K, block, ym, N, b * 16);
+          };
+          if (b + 2 < p1) tile(std::integral_constant<int, 3>{});
+          else if (b + 1 < p1) tile(std::integral_constant<int, 2>{});
+          else tile(std::integral_constant<int, 1>{});
         }
       });
     }
@@ -136,17 +133,12 @@ void bf16b_range(const uint32_t* xpairs, const float* x, int64_t M, int64_t K, c
 
 void bf16b_matmul_avx512(const float* x, int64_t M, int64_t K, const uint16_t* codes, int64_t N, float* y,
                          bool dot_bf16) {
-  if (!dot_bf16) {
-    at::parallel_for(0, (N + 15) / 16, 3, [&](int64_t b, int64_t e) {
-      bf16b_range<true>(nullptr, x, M, K, codes, y, N, b, e);
-    });
-    return;
-  }
-  std::vector<uint16_t> xb(M * K);
-  round_to_bf16(x, M * K, xb.data());
+  std::vector<uint16_t> xb(dot_bf16 ? M * K : 0);
+  if (dot_bf16) round_to_bf16(x, M * K, xb.data());
   const uint32_t* pairs = reinterpret_cast<const uint32_t*>(xb.data());
   at::parallel_for(0, (N + 15) / 16, 3, [&](int64_t b, int64_t e) {
-    bf16b_range<false>(pairs, x, M, K, codes, y, N, b, e);
+    if (dot_bf16) bf16b_range<false>(pairs, x, M, K, codes, y, N, b, e);
+    else bf16b_range<true>(pairs, x, M, K, codes, y, N, b, e);
   });
 }
 

@@ -54,6 +54,27 @@ inline uint16_t bf16_bits(float f) {
   return static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
 }
 
+// The same rounding for 16 floats at once (finite values).
+__attribute__((target("avx512f,avx512bw"))) QS_INLINE __m256i bf16_bits_avx512(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+// e^x for x <= 0 (softmax scores minus their maximum, SiLU's e^-|g|): 2^n * p(r) with
+// |r| <= ln2 / 2, degree-6 Taylor polynomial, relative error ~2e-7.
+__attribute__((target("avx512f,fma"))) QS_INLINE __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  return _mm512_scalef_ps(p, n);
+}
+
 // One group of 64 activations as 4 vectors; returns its largest magnitude, its sum into *sum
 // (what every int16 / int8 activation quantizer starts from).
 QS_AVX512 inline float load_group_avx512(const float* xg, __m512 v[4], float* sum) {

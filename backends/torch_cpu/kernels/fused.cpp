@@ -4,7 +4,6 @@
 // cost, not their arithmetic, took a quarter of a single-stream step. Rows are independent, so
 // a row's result does not depend on how many rows the step has.
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -74,32 +73,18 @@ void head_norm_rope(float* x, int64_t T, int64_t row_stride, int64_t heads, int6
 // gate and up [T, n] at row strides of their own (the halves of a merged gate/up output), y [T, n].
 namespace {
 
-// e^x for 16 floats (Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for e^r,
-// then scaled by 2^n; within 2 ulp of expf). std::exp in the loop below stayed scalar (glibc's
-// vector expf needs -ffast-math): SiLU * up of 384 x 3072 took 5.6 ms, a pass over 14 MB.
-QS_AVX512 QS_INLINE __m512 exp_avx512(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-88.3762626647949f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  return _mm512_scalef_ps(p, n);
-}
-
+// SiLU(g) * u for 16 floats at a time: sigmoid(g) from e = e^-|g| (never overflows) as 1 / (1 + e)
+// for g >= 0 and e / (1 + e) below. std::exp in the scalar loop stayed scalar under omp simd
+// (glibc's vector expf needs -ffast-math): 384 x 3072 took 4.43 ms against 0.41 ms here (Ice Lake).
 QS_AVX512 void silu_mul_row_avx512(const float* g, const float* u, int64_t from, int64_t to, float* out) {
   const __m512 one = _mm512_set1_ps(1.f), sign = _mm512_set1_ps(-0.f);
   for (int64_t i = from; i < to; i += 16) {
     const __mmask16 keep = to - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (to - i)) - 1);
     const __m512 gv = _mm512_maskz_loadu_ps(keep, g + i), uv = _mm512_maskz_loadu_ps(keep, u + i);
-    const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, exp_avx512(_mm512_xor_ps(gv, sign))));
-    _mm512_mask_storeu_ps(out + i, keep, _mm512_mul_ps(silu, uv));
+    const __m512 e = exp_nonpositive(_mm512_or_ps(gv, sign));  // e^-|g|
+    const __mmask16 negative = _mm512_cmp_ps_mask(gv, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 sigmoid = _mm512_div_ps(_mm512_mask_blend_ps(negative, one, e), _mm512_add_ps(one, e));
+    _mm512_mask_storeu_ps(out + i, keep, _mm512_mul_ps(_mm512_mul_ps(gv, sigmoid), uv));
   }
 }
 

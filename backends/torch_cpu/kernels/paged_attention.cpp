@@ -23,19 +23,6 @@ QS_INLINE __m512 load16(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit
   return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-// e^x for x <= 0 (scores minus their maximum): 2^n * p(r) with |r| <= ln2 / 2, degree-6
-// Taylor polynomial, relative error ~2e-7.
-QS_INLINE __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, n);
-}
-
 // Softmax of one head's scores in place (len values; the last partial vector is masked).
 void softmax_in_place(float* s, int64_t len) {
   __m512 top = _mm512_set1_ps(-INFINITY);

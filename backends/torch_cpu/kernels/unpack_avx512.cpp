@@ -18,15 +18,6 @@ namespace qs {
 
 namespace {
 
-// 16 floats -> 16 bfloat16 bits, rounded to nearest even as bf16_bits() does (the values are
-// finite: codes times a half-precision scale plus a zero).
-QS_AVX512 QS_INLINE __m256i to_bf16(__m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
-}
-
 // Group g of blocks [first, stop): output rows 64g .. 64g + 63, each filled 16 columns per block,
 // so a thread's stores go to 64 rows at a time, each written front to back. The caller keeps ld off
 // powers of two: at ld 4096 those 64 rows shared cache sets and bf16 ran 3x slower.
@@ -48,7 +39,7 @@ QS_AVX512 void unpack_group(const uint8_t* codes, const uint16_t* scale, const u
         const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q[j]), s, z);
         const int64_t k = g * 64 + 4 * c + j;
         if constexpr (BF16)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + k * ld + column), to_bf16(v));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + k * ld + column), bf16_bits_avx512(v));
         else
           _mm512_storeu_ps(static_cast<float*>(out) + k * ld + column, v);
       }

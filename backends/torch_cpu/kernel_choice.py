@@ -56,7 +56,12 @@ class ShapeChoice:
 
     @property
     def name(self) -> str:
-        return f"{self.kind} {self.out_features}x{self.in_features}"
+        return shape_key(self.kind, self.out_features, self.in_features)
+
+
+def shape_key(kind: str, out_features: int, in_features: int) -> str:
+    """A shape's name, as the table prints it and the cache file keys it."""
+    return f"{kind} {out_features}x{in_features}"
 
 
 def choose_paths(linears: Iterable, kernels: Kernels | None) -> list[ShapeChoice]:
@@ -79,17 +84,17 @@ def choose_paths(linears: Iterable, kernels: Kernels | None) -> list[ShapeChoice
             if forced_kind == kind and choice == "kernel" and not runnable:
                 raise ModelLoadError(f"{ENV} asks for the {kind} kernel, which this machine cannot run "
                                      "(the kernels are not built here)")
-        key = f"{kind} {n}x{k}"
+        key = shape_key(kind, n, k)
         seconds = stored.get(key)
-        if seconds is None and not all((kind, c) in forced for c in range(len(ROW_CLASSES))):
+        forced_classes = tuple((kind, c) in forced for c in range(len(ROW_CLASSES)))
+        if seconds is None and not all(forced_classes):
             seconds = stored[key] = _measure(kind, n, k, layers[0].kernels, _candidates(runnable))
             measured = True
         plan = _fastest(seconds) if seconds else PathPlan.fixed("tiles_f32")
         plan = PathPlan(tuple(forced.get((kind, c), p) for c, p in enumerate(plan.paths)))
         for layer in layers:
             layer.plan = plan
-        choices.append(ShapeChoice(kind, n, k, seconds or {}, plan,
-                                   tuple((kind, c) in forced for c in range(len(ROW_CLASSES)))))
+        choices.append(ShapeChoice(kind, n, k, seconds or {}, plan, forced_classes))
     if measured:
         _write(path, stored)
     return choices

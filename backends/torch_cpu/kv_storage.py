@@ -30,25 +30,30 @@ class TorchKVStorage(SlabGrownStorage):
         shape = (0, num_kv_heads, head_dim)
         self.keys = [torch.empty(shape, dtype=dtype) for _ in range(num_layers)]
         self.values = [torch.empty(shape, dtype=dtype) for _ in range(num_layers)]
-        self._pools: list[torch.Tensor] = []  # keys then values, each the whole pool's slots, untouched
+        # per layer, the whole pool's key and value slots (untouched until written); None: not yet
+        # allocated; empty: the address space was refused, so every growth copies
+        self._pools: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
 
     def _grow(self, new_blocks: int) -> None:
         new_slots = new_blocks * self.block_size
-        if not self._pools:
-            try:
-                slots = self.max_blocks * self.block_size
-                self._pools = [torch.empty((slots, *t.shape[1:]), dtype=self.dtype) for t in self.keys + self.values]
-            except RuntimeError:  # more address space than the system grants: copy on each growth
-                self._pools = []
-        layers = len(self.keys)
-        for index, tensors in enumerate((self.keys, self.values)):
+        if self._pools is None:
+            self._pools = self._whole_pools()
+        for tensors, pools in zip((self.keys, self.values), self._pools):
             for i, old in enumerate(tensors):
-                if self._pools:
-                    tensors[i] = self._pools[index * layers + i][:new_slots]
+                if pools:
+                    tensors[i] = pools[i][:new_slots]
                 else:
                     grown = torch.empty((new_slots, *old.shape[1:]), dtype=self.dtype)
                     grown[: old.shape[0]] = old
                     tensors[i] = grown
+
+    def _whole_pools(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        slots = self.max_blocks * self.block_size
+        try:
+            return tuple([torch.empty((slots, *t.shape[1:]), dtype=self.dtype) for t in tensors]
+                         for tensors in (self.keys, self.values))
+        except RuntimeError:  # more address space than the system grants
+            return [], []
 
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """keys, values [T, kv heads, D]; float32 rows at a stride (column slices) go through one

@@ -27,7 +27,7 @@ class EngineReplica:
     def __init__(self, spec: ModelSpec) -> None:
         self.engine: AsyncEngine | None = None  # __del__ runs even when building fails
         parts = build_engine(spec.model, spec.backend, spec.kv_cache, spec.dtype, spec.quant, **spec.engine_options)
-        self.engine = AsyncEngine(parts.engine)
+        self.engine = AsyncEngine(parts.engine, arrival_window_s=spec.arrival_window_s)
         self.engine.start()
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.pid = os.getpid()

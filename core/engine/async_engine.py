@@ -29,6 +29,9 @@ from .stats import EngineSnapshot, RequestObserver, RequestRecord, ThroughputWin
 
 log = logging.getLogger("qwen_serve.engine")
 IDLE_TRIM_S = 1.0  # idle this long after work, the engine thread returns the freed heap to the OS
+ARRIVAL_WINDOW_S = 0.02  # the longest a new request waits for the next one of a burst (default)
+ARRIVAL_SHARE = 0.05  # of the gathered prompts' estimated prefill time: the wait for one more arrival
+MEASURED_PREFILL_ROWS = 32  # steps with at least this many prefill rows time a prefill row
 
 
 class EngineFailure(Exception):
@@ -87,8 +90,11 @@ class _Tracked:
 
 class AsyncEngine:
     def __init__(self, engine: Engine, queue_timeout_s: float | None = None,
-                 observers: Sequence[RequestObserver] = (), trim_heap: Callable[[], object] = return_free_heap) -> None:
+                 observers: Sequence[RequestObserver] = (), trim_heap: Callable[[], object] = return_free_heap,
+                 arrival_window_s: float = ARRIVAL_WINDOW_S) -> None:
         self.engine = engine
+        self.arrival_window_s = arrival_window_s  # see _gather_arrivals; 0: step at once
+        self.prefill_row_s: float | None = None  # seconds per prefill row, from the last long prefill step
         self.trim_heap = trim_heap  # run on the engine thread once it idles after work (heap.py)
         self.queue_timeout_s = queue_timeout_s
         self.observers = tuple(observers)
@@ -170,7 +176,9 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self._apply_commands()
+                arrived_tokens = self._apply_commands()
+                if arrived_tokens:
+                    self._gather_arrivals(arrived_tokens)
                 self._expire_waiting()
                 if not self.engine.has_unfinished():
                     self.snapshot = EngineSnapshot.take(self.engine, self.throughput)
@@ -189,6 +197,8 @@ class AsyncEngine:
         self._fail_all(ShuttingDown("the server stopped before this request finished"), "shutdown")
 
     def _step(self) -> None:
+        prefilled = self.engine.stats.prefill_tokens_total
+        started = time.monotonic()
         try:
             outputs = self.engine.step()
         except FatalEngineError:
@@ -198,6 +208,9 @@ class AsyncEngine:
             self._fail_all(EngineFailure(f"internal error while generating: {type(exc).__name__}"), "error")
             return
         now = time.monotonic()
+        rows = self.engine.stats.prefill_tokens_total - prefilled
+        if rows >= MEASURED_PREFILL_ROWS:
+            self.prefill_row_s = (now - started) / rows
         self.throughput.add(now, len(outputs))
         self.snapshot = EngineSnapshot.take(self.engine, self.throughput)  # before replies go out
         for out in outputs:
@@ -212,12 +225,34 @@ class AsyncEngine:
                 self._observe_finished(tracked, out.finish_reason or "stop", now)
             tracked.deliver(out)
 
-    def _apply_commands(self) -> None:
+    def _gather_arrivals(self, tokens: int) -> None:
+        """Clients that send together (a burst, an agent's parallel calls) reach this thread
+        milliseconds apart, each after its own parse, template and tokenization. Stepping at the
+        first would prefill it alone and leave the rest a whole prefill step behind; instead wait
+        for another arrival as long as ARRIVAL_SHARE of the gathered prompts' estimated prefill
+        (tokens x the last measured time per prefill row), at most arrival_window_s, so a lone
+        request pays a small share of its own prefill and a burst prefills as one batch."""
+        while True:
+            estimate = self.arrival_window_s if self.prefill_row_s is None else tokens * self.prefill_row_s * ARRIVAL_SHARE
+            window = min(self.arrival_window_s, estimate)
+            if window <= 0:
+                return
+            self._wake.clear()
+            if self._commands.empty() and not self._wake.wait(window):
+                return
+            arrived = self._apply_commands()
+            if not arrived:
+                return
+            tokens += arrived
+
+    def _apply_commands(self) -> int:
+        """Applies the queued commands; returns the prompt tokens of the requests they added."""
+        added = 0
         while True:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
-                return
+                return added
             if isinstance(command, _Abort):
                 tracked = self._requests.pop(command.request_id, None)
                 if self.engine.abort(command.request_id) and tracked is not None:
@@ -232,6 +267,7 @@ class AsyncEngine:
                     command.deliver(exc)
                     continue
                 self._requests[command.request_id] = _Tracked(seq, command.deliver, command.params.n)
+                added += len(command.prompt)
 
     def _expire_waiting(self) -> None:
         """Fail the requests that waited longer than queue_timeout_s without being scheduled."""

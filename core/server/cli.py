@@ -13,6 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Sequence
 
 from ..config import BATCHING_MODES, EngineConfig
+from ..engine.async_engine import ARRIVAL_WINDOW_S
 from ..errors import QwenServeError
 from .auth import ENV_VAR as API_KEY_ENV
 from .auth import is_loopback, keys_from
@@ -72,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests that may wait beyond the running batch; past that HTTP 429 (default 64)")
     s.add_argument("--queue-timeout", type=float, default=None, metavar="SECONDS",
                    help="fail a request not scheduled within SECONDS with HTTP 503 (default: wait)")
+    s.add_argument("--arrival-window", type=float, default=ARRIVAL_WINDOW_S, metavar="SECONDS",
+                   help="a new request waits for the next of a burst, so the burst prefills as one batch, for 5%% "
+                        f"of the prompts' estimated prefill time, at most SECONDS; 0: never (default {ARRIVAL_WINDOW_S:g})")
     s.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM/SIGINT, let in-flight requests finish for up to SECONDS, then abort (default 30)")
     s.add_argument("--sse-keepalive", type=float, default=5.0, metavar="SECONDS",
@@ -102,7 +106,8 @@ def serve_settings(args: argparse.Namespace, config: EngineConfig) -> "ServeSett
         raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.queue_timeout is not None and not args.queue_timeout > 0:
         raise ValueError(f"--queue-timeout must be > 0 seconds, got {args.queue_timeout:g}")
-    for flag, value in (("--shutdown-timeout", args.shutdown_timeout), ("--sse-keepalive", args.sse_keepalive)):
+    for flag, value in (("--shutdown-timeout", args.shutdown_timeout), ("--sse-keepalive", args.sse_keepalive),
+                        ("--arrival-window", args.arrival_window)):
         if not value >= 0:
             raise ValueError(f"{flag} must be >= 0 seconds, got {value:g}")
     if args.log_prompts and not args.log_requests:
@@ -112,6 +117,7 @@ def serve_settings(args: argparse.Namespace, config: EngineConfig) -> "ServeSett
                             metrics_public=args.metrics_public, keepalive_s=args.sse_keepalive)
     return ServeSettings(args.host, args.port, args.quant, args.served_model_name, args.model, options,
                          queue_timeout_s=args.queue_timeout, shutdown_timeout_s=args.shutdown_timeout,
+                         arrival_window_s=args.arrival_window,
                          log_requests=args.log_requests, log_prompts=args.log_prompts,
                          reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser)
 

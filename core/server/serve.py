@@ -19,7 +19,7 @@ from typing import Any, Callable
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from ..engine.async_engine import AsyncEngine
+from ..engine.async_engine import ARRIVAL_WINDOW_S, AsyncEngine
 from ..engine.sampling_params import SamplingParams
 from ..errors import QwenServeError
 from ..openai.chat_format import ChatFormat
@@ -41,6 +41,7 @@ class ServeSettings:
     options: ServerOptions
     queue_timeout_s: float | None = None
     shutdown_timeout_s: float = 30.0
+    arrival_window_s: float = ARRIVAL_WINDOW_S
     log_requests: bool = False
     log_prompts: bool = False
     reasoning_parser: str | None = None  # None: chosen from the chat template
@@ -74,7 +75,7 @@ async def _serve(load: Callable[[], Any], s: ServeSettings) -> int:
         observers: list = [request_metrics]
         if s.log_requests:
             observers.append(RequestLog(request_logger(), parts.tokenizer.decode if s.log_prompts else None))
-        engine = AsyncEngine(parts.engine, s.queue_timeout_s, observers)
+        engine = AsyncEngine(parts.engine, s.queue_timeout_s, observers, arrival_window_s=s.arrival_window_s)
         engine.start()
         aliases = tuple(a for a in (s.model_arg, parts.model_config.name) if a and a != name)
         server.attach(engine, parts.tokenizer, ServerInfo(

@@ -115,6 +115,7 @@ class EngineConfig:
     batching: str = "continuous"  # or "static": a new batch only once the last one has finished
     scheduling_policy: str = "fcfs"  # "priority": lower request priority values are served first
     kv_window: int | None = None  # for a sliding-window KV cache: positions each query attends over
+    kv_dtype: str | None = None  # KV storage dtype: None = the weights' dtype, "auto" = the backend's choice
     speculative: str | None = None  # a registered proposer (e.g. "ngram"): speculative decoding on
     num_speculative_tokens: int = 4  # proposals verified per sequence per step, at most
     extra: dict[str, Any] = field(default_factory=dict)
@@ -124,6 +125,8 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.kv_dtype is not None and not isinstance(self.kv_dtype, str):
+            raise ValueError(f"kv_dtype must be a dtype name or 'auto', got {self.kv_dtype!r}")
         if self.kv_window is not None and (not isinstance(self.kv_window, int) or self.kv_window <= 0):
             raise ValueError(f"kv_window must be a positive integer, got {self.kv_window!r}")
         if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens <= 0:

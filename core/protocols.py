@@ -281,6 +281,15 @@ class ModelExecutor(Protocol):
 
 
 @runtime_checkable
+class ChoosesKVDtype(Protocol):
+    """A backend that knows which KV storage dtype serves best on this machine; the server's
+    default ``--kv-dtype auto`` follows it (other backends keep the weights' dtype)."""
+
+    def preferred_kv_dtype(self, dtype: str) -> tuple[str, str]:
+        """(the KV dtype for weights of ``dtype``, why, in a few words for the start-up plan)."""
+
+
+@runtime_checkable
 class ChoosesKernels(Protocol):
     """An executor that chose among compute paths by timing them on this CPU: the start-up plan
     and ``qwen-serve bench --kernels`` print the table it chose from."""

@@ -23,7 +23,7 @@ def client(smollm2_server):
 
 @pytest.fixture(scope="module")
 def offline(smollm2_path) -> LLM:
-    return LLM(str(smollm2_path))
+    return LLM(str(smollm2_path), kv_dtype="auto")  # the server's default: the backend's choice for this CPU
 
 
 def chat(client, model, messages, **kw):

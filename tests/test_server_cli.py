@@ -26,14 +26,25 @@ def test_help_lists_every_spec_flag():
 
 
 def test_startup_prints_memory_plan_and_url(smollm2_server):
-    """SmolLM2-135M: 30 layers, 3 KV heads x head_dim 64, float32 KV, 16-token blocks, 512 blocks."""
+    """SmolLM2-135M: 30 layers, 3 KV heads x head_dim 64, 16-token blocks, 512 blocks; the KV
+    dtype the plan states (--kv-dtype auto: the backend's choice for this CPU) sets the bytes."""
     out = smollm2_server.output()
-    kv_per_token = 2 * 30 * 3 * 64 * 4  # 46,080 bytes
+    kv_dtype = re.search(r"\bKV (float32|bfloat16) \(auto", out)
+    assert kv_dtype, out
+    kv_per_token = 2 * 30 * 3 * 64 * {"float32": 4, "bfloat16": 2}[kv_dtype[1]]  # 46,080 or 23,040 bytes
+    pool_mib = 512 * 16 * kv_per_token / 2**20  # 360 or 180
     assert re.search(r"\b30 layers\b", out), out
     assert re.search(rf"\b{kv_per_token:,}|\b{kv_per_token}\b|{kv_per_token / 1024:.1f} KiB", out), out
-    assert re.search(r"\b512 blocks\b", out) and re.search(r"\b360(\.0)? MiB", out), out  # 512 x 16 x 46,080 B
+    assert re.search(r"\b512 blocks\b", out) and re.search(rf"\b{pool_mib:.0f}(\.0)? MiB", out), out
     assert re.search(r"weights\b.*\d", out, re.IGNORECASE), out
     assert f"http://127.0.0.1:{smollm2_server.port}" in out, out
+
+
+def test_an_unknown_kv_dtype_is_a_one_line_error():
+    result = run_cli("--kv-dtype", "int3", "--port", "1")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "int3" in lines[0] and "bfloat16" in lines[0], result.stderr
 
 
 @pytest.mark.parametrize("flag, installed", [("--backend", "torch"), ("--kv-cache", "paged")])

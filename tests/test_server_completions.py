@@ -22,7 +22,7 @@ def client(smollm2_server):
 
 @pytest.fixture(scope="module")
 def offline(smollm2_path) -> LLM:
-    return LLM(str(smollm2_path))
+    return LLM(str(smollm2_path), kv_dtype="auto")  # the server's default: the backend's choice for this CPU
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from .int4_linear import Int4Linear, Int8Linear, Scratch, quantizable
 from .kv_storage import TorchKVStorage
 from .linear import DenseLinear
 from .model import DecoderModel
+from .native import load_kernels
 from .sampler import TorchSampler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -87,6 +88,17 @@ class TorchBackend:
             config.num_layers, config.num_kv_heads, config.head_dim, storage_dtype(dtype),
             block_size, slab_blocks, max_blocks,
         )
+
+    def preferred_kv_dtype(self, dtype: str) -> tuple[str, str]:
+        """bfloat16 keys and values where the AVX-512 kernels write them and attend over them in
+        place, widening to float32 in registers: a decode step reads half the bytes per cached
+        token. Elsewhere the generic path would copy them to float32 on every read."""
+        if dtype != "float32":
+            return dtype, "auto: the weights' dtype"
+        kernels = load_kernels()
+        if kernels is not None and kernels.isa == "avx512":
+            return "bfloat16", "auto: the AVX-512 attention reads bf16 in place, half the bytes of float32"
+        return "float32", "auto: no AVX-512 attention kernel here to read bf16 in place"
 
     def create_sampler(self) -> TorchSampler:
         return TorchSampler()

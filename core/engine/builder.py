@@ -12,7 +12,7 @@ from ..kv.window import check_attention_window, with_declared_window
 from ..models.checkpoint import Checkpoint, load_checkpoint
 from ..models.default_model import default_model_path
 from ..models.tokenizer import Tokenizer
-from ..protocols import Backend, Calibratable, KVCache, KVStorage, ModelExecutor
+from ..protocols import Backend, Calibratable, ChoosesKVDtype, KVCache, KVStorage, ModelExecutor
 from ..quant.calibration import (
     calibration_token_lists,
     importance_key,
@@ -37,6 +37,7 @@ class EngineParts:
     engine_config: EngineConfig
     registry: Registry
     storage: KVStorage  # what the cache keeps its keys/values in; the memory plan reads its sizes
+    kv_dtype_reason: str = "the weights' dtype"  # why engine_config.kv_dtype, for the start-up plan
 
 
 def build_engine(
@@ -59,11 +60,13 @@ def build_engine(
     proposer_factory = registry.proposer_factory(config.speculative) if config.speculative else None
     compute = registry.backend(backend)
     registry.kv_storage_entry(kv_cache, backend)
+    kv_dtype, kv_dtype_reason = choose_kv_dtype(compute, dtype, config.kv_dtype)
+    config = replace(config, kv_dtype=kv_dtype)
     checkpoint = load_checkpoint(model if model is not None else default_model_path())
     config = with_declared_window(checkpoint.config, config)
 
     def new_storage(config: EngineConfig) -> KVStorage:  # the one the cache asks for (e.g. int8)
-        return registry.create_kv_storage(kv_cache, compute, checkpoint.config, dtype, config.block_size,
+        return registry.create_kv_storage(kv_cache, compute, checkpoint.config, config.kv_dtype, config.block_size,
                                           config.slab_blocks, config.kv_blocks)
 
     storage = new_storage(config)  # storage grows on first use: building it now costs nothing
@@ -81,7 +84,19 @@ def build_engine(
     proposer = proposer_factory(config) if proposer_factory is not None else None
     engine = Engine(executor, cache, compute.create_sampler(), checkpoint.tokenizer, config, processors, proposer)
     return EngineParts(engine, compute, executor, cache, checkpoint.tokenizer, checkpoint,
-                       checkpoint.config, config, registry, storage)
+                       checkpoint.config, config, registry, storage, kv_dtype_reason)
+
+
+def choose_kv_dtype(compute: Backend, dtype: str, kv_dtype: str | None) -> tuple[str, str]:
+    """The KV storage dtype and why: asked for by name, the weights' dtype (None), or under
+    "auto" the backend's choice where it makes one."""
+    if kv_dtype is None:
+        return dtype, "the weights' dtype"
+    if kv_dtype != "auto":
+        return kv_dtype, "asked for"
+    if isinstance(compute, ChoosesKVDtype):
+        return compute.preferred_kv_dtype(dtype)
+    return dtype, f"auto: the weights' dtype ({compute.name} makes no choice)"
 
 
 def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, cache_factory: Any,

@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-window", type=int, default=None,
                    help="with a sliding-window KV cache: positions each query attends over (tokens)")
     p.add_argument("--quant", default="none", help="weight quantization: none | int4")
-    p.add_argument("--dtype", default="float32", help="weight and KV storage dtype: float32 | bfloat16")
+    p.add_argument("--dtype", default="float32", help="weight dtype: float32 | bfloat16")
+    p.add_argument("--kv-dtype", default="auto",
+                   help="KV storage dtype: float32 | bfloat16 | auto (the backend's choice for this CPU; default)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-batch", type=int, default=DEFAULTS.max_batch)
@@ -93,7 +95,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         chunk_size=args.chunk_size, step_budget=args.step_budget, max_seq_len=args.max_seq_len,
         prefix_cache=not args.no_prefix_cache, seed=args.seed, batching=args.batching,
         scheduling_policy=args.scheduling_policy, kv_window=args.kv_window,
-        speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
+        speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens, kv_dtype=args.kv_dtype,
     )
 
 

@@ -12,10 +12,12 @@ from typing import Any
 
 from ..errors import InvalidRequest
 
+MAX_JSON_DEPTH = 64  # arrays and objects inside each other; tool schemas nest a dozen at most
+
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
+        body = load_json(raw, "request body")
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON ({exc.msg})") from None
     except UnicodeDecodeError as exc:
@@ -23,6 +25,34 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
     return body
+
+
+def load_json(text: str | bytes, what: str, param: str | None = None) -> Any:
+    """json.loads of client input, whose nesting past MAX_JSON_DEPTH (the decoder's own recursion
+    limit included) is an InvalidRequest naming the limit; decoding errors go to the caller."""
+    too_deep = InvalidRequest(f"{what} nests JSON deeper than {MAX_JSON_DEPTH} levels", param=param)
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise too_deep from None
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise too_deep
+    return value
+
+
+def json_depth(value: Any) -> int:
+    """How many arrays and objects nest at the deepest point (without recursion)."""
+    deepest = 0
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth <= MAX_JSON_DEPTH:  # past the limit the answer is known
+            pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
 
 
 def path(where: str, name: str) -> str:

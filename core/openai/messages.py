@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from ..errors import InvalidRequest
-from .fields import string
+from .fields import load_json, string
 
 ROLES = ("system", "user", "assistant", "developer", "tool")
 
@@ -88,7 +88,7 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
     arguments_text = string(function, "arguments", f"{where}.function", required=True)
     field = f"{where}.function.arguments"
     try:
-        arguments = json.loads(arguments_text)
+        arguments = load_json(arguments_text, f"'{field}'", param=field)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"'{field}' must be a JSON object as a string ({exc.msg})", param=field) from None
     if not isinstance(arguments, dict):

@@ -93,7 +93,7 @@ class HermesToolParser:
 def parse_call(body: str) -> ToolCall | None:
     try:
         value = json.loads(body)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # not a call: the text stays content
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
         return None
@@ -101,7 +101,7 @@ def parse_call(body: str) -> ToolCall | None:
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None

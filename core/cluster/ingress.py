@@ -53,9 +53,9 @@ class Ingress:
         app = server.make_app()
         app.router.add_get("/metrics/cluster", self.cluster_metrics)
         server.metrics.registry.register(ClusterCollector(self.view))
-        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        self.runner = server.runner(app)
         await self.runner.setup()
-        await web.TCPSite(self.runner, spec.host, spec.port).start()
+        await server.site(self.runner, spec.host, spec.port).start()
         log.info("ingress listening on %s:%d", spec.host, spec.port)
 
     async def cluster_metrics(self, request: web.Request) -> web.Response:

@@ -30,6 +30,7 @@ class ServedModel:
     serves: Callable[[str], bool]
     metrics: Any  # qwen_serve.server.metrics.ServerMetrics
     keepalive_s: float = 5.0  # an SSE comment after this long without an event; 0: never
+    write_timeout_s: float | None = None  # a client that takes longer to take one event is cut off
 
     @property
     def vocab_size(self) -> int:
@@ -139,7 +140,8 @@ async def answer_stream(served: ServedModel, request: web.Request, outputs: Outp
     the usage once: on the last finish chunk, or (include_usage) on one more chunk without choices.
     The response opens with the first event after the opening (an error before that is raised
     for the error middleware to answer with a status)."""
-    stream = EventStream(request, b"".join(sse(chunk([body], None)) for body in opening), served.keepalive_s)
+    stream = EventStream(request, b"".join(sse(chunk([body], None)) for body in opening), served.keepalive_s,
+                         served.write_timeout_s)
     try:
         async with aclosing(stream.relay(outputs)) as events:
             async for index, out, request_number in events:

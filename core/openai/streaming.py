@@ -76,11 +76,16 @@ async def _next(items: AsyncIterator[T]) -> T | object:
 
 
 class EventStream:
-    def __init__(self, request: web.Request, first_event: bytes, keepalive_s: float) -> None:
-        """first_event opens the stream (the chunk with the assistant role); keepalive_s 0 sends none."""
+    def __init__(self, request: web.Request, first_event: bytes, keepalive_s: float,
+                 write_timeout_s: float | None = None) -> None:
+        """first_event opens the stream (the chunk with the assistant role); keepalive_s 0 sends
+        none. A write that waits longer than write_timeout_s for the client to read (its socket
+        buffers full) drops the connection: a reader that never reads would otherwise hold its
+        request, and its admission slot, for ever."""
         self.request = request
         self.first_event = first_event
         self.keepalive_s = keepalive_s
+        self.write_timeout_s = write_timeout_s
         self.response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
 
     @property
@@ -90,8 +95,20 @@ class EventStream:
     async def send(self, event: bytes) -> None:
         if not self.opened:
             await self.response.prepare(self.request)
-            await self.response.write(self.first_event)
-        await self.response.write(event)
+            await self._write(self.first_event)
+        await self._write(event)
+
+    async def _write(self, data: bytes) -> None:
+        transport = self.request.transport
+        if self.write_timeout_s is None or transport is None or not transport.get_write_buffer_size():
+            await self.response.write(data)  # the client keeps up: nothing to wait for
+            return
+        try:
+            await asyncio.wait_for(self.response.write(data), self.write_timeout_s)
+        except asyncio.TimeoutError:
+            if self.request.transport is not None:
+                self.request.transport.abort()
+            raise ConnectionResetError(f"the client read nothing for {self.write_timeout_s:g} s") from None
 
     async def close(self) -> web.StreamResponse:
         await self.send(DONE)

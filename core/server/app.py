@@ -1,15 +1,18 @@
 """The aiohttp application: routes, the gates in front of them, and the small endpoints.
 
 The OpenAI endpoints themselves live in qwen_serve.openai; this module only wires them to paths.
-Every request passes, outermost first: the error middleware (every client mistake becomes a 4xx
-with an OpenAI error body before any SSE byte is sent), API keys (401), the lifecycle gate (503
-while loading, draining or dead) and bounded admission (429). The port opens before the model
-has loaded: ``attach`` hands over the engine once it has warmed up.
+Connections pass a guard first (connections.py: caps on open connections, a deadline for each
+request head). Every request then passes, outermost first: the error middleware (every client
+mistake becomes a 4xx with an OpenAI error body before any SSE byte is sent), API keys (401),
+the lifecycle gate (503 while loading, draining or dead), the body read under its deadline (408)
+and bounded admission (429), so only a request whose body has arrived holds a slot. The port
+opens before the model has loaded: ``attach`` hands over the engine once it has warmed up.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -28,10 +31,19 @@ from ..openai.serving import ServedModel
 from ..openai.tokenization import Tokenization
 from .admission import Admission
 from .auth import ApiKeys, require_api_key
+from .body import read_body_first
+from .connections import (
+    MAX_CONNECTIONS,
+    MAX_CONNECTIONS_PER_CLIENT,
+    REQUEST_TIMEOUT_S,
+    ConnectionGuard,
+    GuardedSite,
+    ServerLog,
+)
 from .lifecycle import Lifecycle, lifecycle_gate
 from .metrics import ServerMetrics
 from .openapi import openapi_document
-from .prometheus import EngineGauges, RequestMetrics
+from .prometheus import ConnectionGauges, EngineGauges, RequestMetrics
 
 log = logging.getLogger("qwen_serve.http")
 MAX_BODY_BYTES = 4 * 2**20
@@ -64,6 +76,9 @@ class ServerOptions:
     api_keys: ApiKeys = ApiKeys(())
     metrics_public: bool = False
     keepalive_s: float = 5.0
+    request_timeout_s: float = REQUEST_TIMEOUT_S
+    max_connections: int = MAX_CONNECTIONS
+    max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT
 
 
 def is_generation(request: web.Request) -> bool:
@@ -79,6 +94,9 @@ class ChatServer:
         # Admission runs only once the lifecycle gate lets requests through, i.e. after attach().
         self.admission = Admission(options.max_batch, options.max_queue, lambda: self.request_metrics.mean_e2e_s,
                                    lambda: self.request_metrics.rejected("queue_full"))
+        self.connections = ConnectionGuard(options.max_connections, options.max_connections_per_client,
+                                           options.request_timeout_s)
+        registry.register(ConnectionGauges(self.connections))
         self.engine: EngineClient | None = None
         self.info: ServerInfo | None = None
         self.request_metrics: RequestMetrics | None = None
@@ -92,15 +110,18 @@ class ChatServer:
         self.metrics = ServerMetrics(engine, self.registry)
         self.registry.register(EngineGauges(engine, info.model))
         self.served = ServedModel(engine, tokenizer, chat_format or ChatFormat(tokenizer), info.model, info.serves,
-                                  self.metrics, keepalive_s=self.options.keepalive_s)
+                                  self.metrics, keepalive_s=self.options.keepalive_s,
+                                  write_timeout_s=self.options.request_timeout_s)
         self.lifecycle.ready(engine)
 
     def make_app(self) -> web.Application:
         open_paths = ALWAYS_OPEN + (METRICS_PATHS if self.options.metrics_public else ())
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[
+            self.connections.middleware(),
             self.openai_errors,
             require_api_key(self.options.api_keys, open_paths),
             lifecycle_gate(self.lifecycle, ALWAYS_OPEN, METRICS_PATHS),
+            read_body_first(self.options.request_timeout_s),
             self.admission.middleware(is_generation),
         ])
         app.router.add_get("/health", self.health)
@@ -113,6 +134,15 @@ class ChatServer:
         app.router.add_post("/tokenize", self._handler(lambda served: Tokenization(served).tokenize))
         app.router.add_post("/detokenize", self._handler(lambda served: Tokenization(served).detokenize))
         return app
+
+    def runner(self, app: web.Application, **options) -> web.AppRunner:
+        """The runner of ``app`` (make_app's, perhaps with more routes): handlers are cancelled
+        when their client goes, no access log, malformed requests logged in one line."""
+        return web.AppRunner(app, handler_cancellation=True, access_log=None, logger=ServerLog(), **options)
+
+    def site(self, runner: web.BaseRunner, host: str, port: int) -> GuardedSite:
+        """Where the app listens, its connections under this server's guard."""
+        return GuardedSite(runner, host, port, self.connections)
 
     @web.middleware
     async def openai_errors(self, request: web.Request, handler) -> web.StreamResponse:
@@ -132,13 +162,21 @@ class ChatServer:
             headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
             message = {404: f"no route {request.method} {request.path}",
                        405: f"method {request.method} not allowed on {request.path}",
+                       408: f"the request body did not arrive within {self.options.request_timeout_s:g} s",
                        413: f"request body exceeds {MAX_BODY_BYTES} bytes"}.get(exc.status, exc.reason)
-            return json_response(error_body(message), status=exc.status, headers=headers)
-        except (asyncio.CancelledError, ConnectionResetError):
+            response = json_response(error_body(message), status=exc.status, headers=headers)
+            if exc.status in (408, 413):  # the rest of the body may still come: it is no next request
+                response.force_close()
+            return response
+        except ConnectionResetError:  # the client left mid-reply: its request was aborted, nothing to say
+            return web.Response(status=499)  # never sent; what the access log would call it (nginx)
+        except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("unhandled error in %s %s", request.method, request.path)
-            return json_response(error_body("internal server error", type_="server_error"), status=500)
+            error_id = uuid.uuid4().hex[:12]
+            log.exception("unhandled error %s in %s %s", error_id, request.method, request.path)
+            return json_response(error_body(f"internal server error (id {error_id})", type_="server_error"),
+                                 status=500)
 
     # --- endpoints ----------------------------------------------------------------------
     def _handler(self, make: Callable[[ServedModel], Callable[[web.Request], Awaitable[web.StreamResponse]]]):

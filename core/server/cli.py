@@ -17,6 +17,7 @@ from ..engine.async_engine import ARRIVAL_WINDOW_S
 from ..errors import QwenServeError
 from .auth import ENV_VAR as API_KEY_ENV
 from .auth import is_loopback, keys_from
+from .connections import MAX_CONNECTIONS, MAX_CONNECTIONS_PER_CLIENT, REQUEST_TIMEOUT_S
 
 if TYPE_CHECKING:
     from .serve import ServeSettings
@@ -78,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--arrival-window", type=float, default=ARRIVAL_WINDOW_S, metavar="SECONDS",
                    help="a new request waits for the next of a burst, so the burst prefills as one batch, for 5%% "
                         f"of the prompts' estimated prefill time, at most SECONDS; 0: never (default {ARRIVAL_WINDOW_S:g})")
+    s.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S, metavar="SECONDS",
+                   help="a request's head and its body must arrive, and a streaming client take each event, within "
+                        f"SECONDS; past it 408 or the connection closes (default {REQUEST_TIMEOUT_S:g})")
+    s.add_argument("--max-connections", type=int, default=MAX_CONNECTIONS,
+                   help=f"connections open at once; more are refused (default {MAX_CONNECTIONS})")
+    s.add_argument("--max-connections-per-client", type=int, default=MAX_CONNECTIONS_PER_CLIENT,
+                   help=f"connections open at once from one address other than this machine's "
+                        f"(default {MAX_CONNECTIONS_PER_CLIENT})")
     s.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM/SIGINT, let in-flight requests finish for up to SECONDS, then abort (default 30)")
     s.add_argument("--sse-keepalive", type=float, default=5.0, metavar="SECONDS",
@@ -112,11 +121,19 @@ def serve_settings(args: argparse.Namespace, config: EngineConfig) -> "ServeSett
                         ("--arrival-window", args.arrival_window)):
         if not value >= 0:
             raise ValueError(f"{flag} must be >= 0 seconds, got {value:g}")
+    if not args.request_timeout > 0:
+        raise ValueError(f"--request-timeout must be > 0 seconds, got {args.request_timeout:g}")
+    for flag, count in (("--max-connections", args.max_connections),
+                        ("--max-connections-per-client", args.max_connections_per_client)):
+        if count < 1:
+            raise ValueError(f"{flag} must be >= 1, got {count}")
     if args.log_prompts and not args.log_requests:
         raise ValueError("--log-prompts needs --log-requests")
     options = ServerOptions(max_batch=config.max_batch, max_queue=args.max_queue,
                             api_keys=keys_from(args.api_key, os.environ.get(API_KEY_ENV)),
-                            metrics_public=args.metrics_public, keepalive_s=args.sse_keepalive)
+                            metrics_public=args.metrics_public, keepalive_s=args.sse_keepalive,
+                            request_timeout_s=args.request_timeout, max_connections=args.max_connections,
+                            max_connections_per_client=args.max_connections_per_client)
     return ServeSettings(args.host, args.port, args.quant, args.served_model_name, args.model, options,
                          queue_timeout_s=args.queue_timeout, shutdown_timeout_s=args.shutdown_timeout,
                          arrival_window_s=args.arrival_window,

@@ -117,3 +117,23 @@ class EngineGauges:
                                        labels=["model_name"])
         accepted.add_metric(label, snap.spec_accepted_tokens_total)
         return [running, waiting, usage, preemptions, drafts, accepted]
+
+
+class ConnectionGauges:
+    """Scrape-time figures from the connection guard (connections.py): connections open, those
+    refused past the caps, and those closed for a request head that came too late (or never)."""
+
+    def __init__(self, guard: Any) -> None:
+        self._guard = guard
+
+    def collect(self) -> Iterable[Metric]:
+        g = self._guard
+        open_now = GaugeMetricFamily(PREFIX + "connections_open", "Client connections open now.")
+        open_now.add_metric([], g.open_total)
+        refused = CounterMetricFamily(PREFIX + "connections_refused", "Connections closed on arrival: past "
+                                      "--max-connections or --max-connections-per-client.")
+        refused.add_metric([], g.refused_total)
+        late = CounterMetricFamily(PREFIX + "connections_timed_out", "Connections closed because no complete "
+                                   "request head came within --request-timeout (slow or idle clients).")
+        late.add_metric([], g.timed_out_total)
+        return [open_now, refused, late]

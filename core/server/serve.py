@@ -16,7 +16,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from ..engine.async_engine import ARRIVAL_WINDOW_S, AsyncEngine
@@ -56,10 +55,10 @@ def serve(load: Callable[[], Any], settings: ServeSettings) -> int:
 async def _serve(load: Callable[[], Any], s: ServeSettings) -> int:
     registry = CollectorRegistry(auto_describe=False)
     server = ChatServer(s.options, registry)
-    runner = web.AppRunner(server.make_app(), handler_cancellation=True, access_log=None, shutdown_timeout=AFTER_ABORT_S)
+    runner = server.runner(server.make_app(), shutdown_timeout=AFTER_ABORT_S)
     await runner.setup()
     try:
-        await web.TCPSite(runner, s.host, s.port).start()
+        await server.site(runner, s.host, s.port).start()
     except OSError as exc:
         await runner.cleanup()
         raise QwenServeError(f"cannot listen on {s.host}:{s.port}: {exc.strerror or exc}") from None

@@ -27,9 +27,12 @@ def offline(smollm2_path) -> LLM:
 
 @pytest.fixture(scope="module")
 def reference(offline):
-    """Greedy continuations of PROMPT (as text) and of a token-id prompt, with top-2 logprobs."""
+    """Greedy continuations of PROMPT (as text) and of a token-id prompt, with top-2 logprobs,
+    each run alone as the server runs a single request: rows batched otherwise take other
+    kernel paths, and a bf16 KV cache can round their last-bit differences a whole bf16 step apart."""
     ids = offline.tokenizer.encode("Once upon a time")
-    of_text, of_ids = offline.generate([PROMPT, ids], SamplingParams(max_tokens=MAX_TOKENS, logprobs=2))
+    params = SamplingParams(max_tokens=MAX_TOKENS, logprobs=2)
+    [of_text], [of_ids] = offline.generate([PROMPT], params), offline.generate([ids], params)
     return {"of_text": of_text, "of_ids": of_ids, "token_ids": ids}
 
 

@@ -32,7 +32,6 @@ class SlowClients:
 
     def __init__(self, port: int, n: int) -> None:
         self.port, self.n = port, n
-        self.closed_by_server = 0
         self.statuses: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
@@ -71,7 +70,6 @@ class SlowClients:
                 writer.close()
             except OSError:
                 pass
-            self.closed_by_server += not self._stop.is_set()
             await asyncio.sleep(0.1)
 
 

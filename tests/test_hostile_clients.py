@@ -259,9 +259,8 @@ def test_after_all_probes_memory_is_bounded_and_the_log_clean(server, rss_at_sta
 
 def test_the_per_client_cap_counts_remote_addresses_only():
     guard = ConnectionGuard(max_total=10, max_per_address=2, head_timeout_s=1.0)
-    guard.open_by_address.update({"203.0.113.7": 2, "127.0.0.1": 5})
-    guard.open_total = 7
+    guard.open_by_address.update({"203.0.113.7": 2, "127.0.0.1": 5})  # 7 open
     assert not guard.admits("203.0.113.7")  # at its cap
     assert guard.admits("203.0.113.8") and guard.admits("127.0.0.1") and guard.admits("::1") and guard.admits("")
-    guard.open_total = 10
+    guard.open_by_address["127.0.0.1"] += 3  # 10 open
     assert not guard.admits("127.0.0.1")  # the total binds everyone

@@ -23,10 +23,11 @@ def test_the_library_keeps_the_weights_dtype(qwen3_tiny):
 
 
 def test_bfloat16_asked_for_is_stored_and_generates_like_float32(qwen3_tiny):
-    exact = LLM(str(qwen3_tiny)).generate(PROMPTS, PARAMS)
+    float_llm = LLM(str(qwen3_tiny))
+    exact = float_llm.generate(PROMPTS, PARAMS)
     llm = LLM(str(qwen3_tiny), kv_dtype="bfloat16")
     assert llm.parts.storage.dtype == torch.bfloat16
-    assert llm.parts.storage.bytes_per_token() * 2 == LLM(str(qwen3_tiny)).parts.storage.bytes_per_token()
+    assert llm.parts.storage.bytes_per_token() * 2 == float_llm.parts.storage.bytes_per_token()
     assert "KV bfloat16 (asked for)" in format_memory_plan(llm.parts, "float32", "none")
     rounded = llm.generate(PROMPTS, PARAMS)
     # keys and values rounded to bf16 move the logits a little; the first greedy tokens stay

@@ -106,8 +106,7 @@ class EventStream:
         try:
             await asyncio.wait_for(self.response.write(data), self.write_timeout_s)
         except asyncio.TimeoutError:
-            if self.request.transport is not None:
-                self.request.transport.abort()
+            transport.abort()
             raise ConnectionResetError(f"the client read nothing for {self.write_timeout_s:g} s") from None
 
     async def close(self) -> web.StreamResponse:

@@ -30,11 +30,14 @@ class ConnectionGuard:
         self.max_total = max_total
         self.max_per_address = max_per_address
         self.head_timeout_s = head_timeout_s
-        self.open_total = 0
         self.open_by_address: Counter[str] = Counter()
         self.refused_total = 0
         self.timed_out_total = 0  # closed for a request head that did not arrive in time
         self._by_transport: dict[asyncio.BaseTransport, GuardedConnection] = {}
+
+    @property
+    def open_total(self) -> int:
+        return self.open_by_address.total()
 
     def protocol_factory(self, aiohttp_factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         return lambda: GuardedConnection(aiohttp_factory(), self)
@@ -46,12 +49,10 @@ class ConnectionGuard:
         return local or self.open_by_address[address] < self.max_per_address
 
     def opened(self, connection: GuardedConnection) -> None:
-        self.open_total += 1
         self.open_by_address[connection.address] += 1
         self._by_transport[connection.transport] = connection
 
     def closed(self, connection: GuardedConnection) -> None:
-        self.open_total -= 1
         self.open_by_address[connection.address] -= 1
         if not self.open_by_address[connection.address]:
             del self.open_by_address[connection.address]

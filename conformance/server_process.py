@@ -126,14 +126,17 @@ class ServerProcess:
         assert status == 200, body
         return json.loads(body)
 
-    def assert_still_serving(self) -> None:
-        """A plain request gets a normal reply and /health says ok."""
+    def assert_still_serving(self) -> float:
+        """A plain request gets a normal reply and /health says ok: the seconds the request took."""
+        started = time.monotonic()
         status, _, raw = self.chat({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
+        seconds = time.monotonic() - started
         assert status == 200, raw
         reply = json.loads(raw)
         assert reply["choices"][0]["finish_reason"] in ("stop", "length") and reply["usage"]["completion_tokens"] >= 1
         status, _, raw = self.request("GET", "/health")
         assert status == 200 and json.loads(raw)["status"] == "ok", raw
+        return seconds
 
     def wait_until_idle(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """Poll /metrics until nothing runs or waits and only prefix-cached blocks stay used.

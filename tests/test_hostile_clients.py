@@ -13,9 +13,10 @@ import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from raw_http import connect, head, post, read_until_closed, slow_body_head
 from server_process import own_server, request_log
 
-from qwen_serve.conformance.server_process import LOOPBACK
+from qwen_serve.server.app import UNREAD_BODY_LINGER_S
 from qwen_serve.server.connections import ConnectionGuard
 
 MAX_BATCH, MAX_QUEUE = 2, 2
@@ -23,6 +24,8 @@ SLOTS = MAX_BATCH + MAX_QUEUE
 TIMEOUT_S = 3.0
 MAX_CONNECTIONS = 24
 CHAT = "/v1/chat/completions"
+NORMAL_REQUEST_BOUND_S = 15.0  # a 4-token reply from the tiny model takes well under a second when all is well
+PROBES: list[dict] = []  # what each probe got, for the table printed at the end (pytest -rP)
 
 
 @pytest.fixture(scope="module")
@@ -43,32 +46,15 @@ def resident_mib(server) -> float:
     return kib / 1024
 
 
-def connect(server, receive_buffer: int | None = None) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    if receive_buffer is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
-    sock.settimeout(30)
-    sock.connect((LOOPBACK, server.port))
-    return sock
-
-
-def head(method: str, path: str, *lines: str) -> bytes:
-    return "\r\n".join([f"{method} {path} HTTP/1.1", "Host: test", *lines, "", ""]).encode()
-
-
-def post(path: str, body: bytes, *lines: str) -> bytes:
-    return head("POST", path, "Content-Type: application/json", f"Content-Length: {len(body)}", *lines) + body
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection (a reset counts as closed)."""
-    received = b""
-    try:
-        while chunk := sock.recv(65536):
-            received += chunk
-    except ConnectionResetError:
-        pass
-    return received
+def still_served(server, probe: str, outcome: str) -> None:
+    """A normal request is answered within the bound (while or after the probe), and once the
+    server settles every KV block is back; both recorded for the module's table."""
+    seconds = server.assert_still_serving()
+    assert seconds < NORMAL_REQUEST_BOUND_S, (probe, seconds)
+    settled = server.wait_until_idle(timeout_s=30)
+    PROBES.append({"probe": probe, "outcome": outcome, "normal_request_ms": round(1000 * seconds),
+                   "blocks_leaked": settled["kv_blocks_used"] - settled["kv_blocks_cached"],
+                   "rss_mib": round(resident_mib(server))})
 
 
 def chat_body(**fields) -> bytes:
@@ -78,14 +64,13 @@ def chat_body(**fields) -> bytes:
 def test_slow_bodies_hold_no_slot_and_get_408(server, rss_at_start):
     slow = [connect(server) for _ in range(5 * SLOTS)]
     for sock in slow:  # the head of a 100,000-byte body, then one byte of it
-        sock.sendall(head("POST", CHAT, "Content-Type: application/json", "Content-Length: 100000") + b"{")
-    server.assert_still_serving()  # 20 half-sent bodies take none of the 4 slots
+        sock.sendall(slow_body_head(CHAT))
+    still_served(server, "20 POSTs announcing 100,000 bytes, 1 sent", "408 each after 3 s")  # none takes a slot
     for sock in slow:
         reply = read_until_closed(sock)
         assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
         assert b"did not arrive within 3 s" in reply, reply
         sock.close()
-    server.wait_until_idle()
 
 
 def test_slow_heads_and_idle_connections_are_closed_at_the_deadline(server):
@@ -94,7 +79,7 @@ def test_slow_heads_and_idle_connections_are_closed_at_the_deadline(server):
     silent = connect(server)
     kept_alive = connect(server)
     kept_alive.sendall(head("GET", "/health"))
-    server.assert_still_serving()
+    still_served(server, "half a head; a silent connection; an idle kept-alive one", "closed at the deadline")
     started = time.monotonic()
     for sock in (half_head, silent):
         assert read_until_closed(sock) == b""
@@ -138,6 +123,7 @@ def test_connections_past_the_cap_are_refused_until_some_close(server):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+    still_served(server, f"{MAX_CONNECTIONS} connections (the cap) + 1", "the extra one closed on arrival")
 
 
 def test_pipelined_requests_are_each_answered(server):
@@ -146,6 +132,7 @@ def test_pipelined_requests_are_each_answered(server):
     replies = read_until_closed(sock)
     sock.close()
     assert replies.count(b"HTTP/1.1 200") == 3, replies
+    still_served(server, "3 pipelined requests in one write", "200 x 3")
 
 
 def test_a_half_closed_client_counts_as_gone(server):
@@ -160,7 +147,7 @@ def test_a_half_closed_client_counts_as_gone(server):
     sock.close()
     server.wait_until_idle()
     assert sum(e["finish_reason"] == "abort" for e in request_log(server).values()) == before + 1
-    server.assert_still_serving()
+    still_served(server, "shuts its sending side mid-stream", "aborted as gone")
 
 
 def test_conflicting_content_length_and_transfer_encoding_is_refused(server):
@@ -171,7 +158,7 @@ def test_conflicting_content_length_and_transfer_encoding_is_refused(server):
     sock.close()
     status_line = reply.split(b"\r\n", 1)[0]
     assert status_line.split()[1:2] == [b"400"] and reply.count(b"HTTP/1.") == 1, reply[:300]  # the smuggled GET unanswered
-    server.assert_still_serving()
+    still_served(server, "Content-Length + chunked, a GET smuggled behind", "400, GET unanswered")
 
 
 def test_an_oversized_chunked_body_is_413(server):
@@ -193,7 +180,7 @@ def test_an_oversized_chunked_body_is_413(server):
     sender.join()
     sock.close()
     assert reply.startswith(b"HTTP/1.1 413"), reply[:300]
-    server.assert_still_serving()
+    still_served(server, "5 MiB chunked body", "413")
 
 
 def nested(depth: int) -> str:
@@ -207,6 +194,7 @@ def test_nesting_past_64_levels_is_a_400_naming_the_limit(server, depth, status)
     assert code == status, raw[:300]  # the object itself is the first level
     if status == 400:
         assert "deeper than 64 levels" in json.loads(raw)["error"]["message"]
+    still_served(server, f"JSON nested {depth:,} levels", str(code))
 
 
 def test_nesting_in_tool_call_arguments_is_a_400(server):
@@ -215,6 +203,7 @@ def test_nesting_in_tool_call_arguments_is_a_400(server):
                          {"role": "tool", "tool_call_id": "c1", "content": "ok"}], "max_tokens": 2}
     code, _, raw = server.request("POST", CHAT, body)
     assert code == 400 and "deeper than 64 levels" in json.loads(raw)["error"]["message"], raw[:300]
+    still_served(server, "tool-call arguments 100 levels deep", "400")
 
 
 def test_clients_that_leave_mid_stream_are_a_log_line_each_not_a_traceback(server):
@@ -227,6 +216,7 @@ def test_clients_that_leave_mid_stream_are_a_log_line_each_not_a_traceback(serve
     server.wait_until_idle()
     assert sum(e["finish_reason"] == "abort" for e in request_log(server).values()) >= 5
     assert "Traceback" not in server.output()
+    still_served(server, "5 clients closing mid-stream", "5 abort lines, no traceback")
 
 
 def test_readers_that_never_read_lose_their_streams_not_the_slots(server):
@@ -243,18 +233,39 @@ def test_readers_that_never_read_lose_their_streams_not_the_slots(server):
         time.sleep(0.5)
     for sock in stalled:
         sock.close()
-    server.wait_until_idle(timeout_s=30)
+    still_served(server, f"{SLOTS} streams whose readers never read", "dropped once writes wait 3 s")
+
+
+@pytest.fixture(scope="module")
+def keyed_server(qwen3_tiny):
+    yield from own_server(["--model", str(qwen3_tiny), "--api-key", "sesame", "--request-timeout", "20"])
+
+
+def test_without_the_key_a_stranger_costs_no_more_than_its_head(keyed_server):
+    """401 as soon as the head is in, and the unread body is not waited for: the connection
+    closes after a short linger (aiohttp's default would drain it for 10 s)."""
+    sock = connect(keyed_server)
+    started = time.monotonic()
+    sock.sendall(slow_body_head(CHAT))
+    reply = read_until_closed(sock)
+    closed_after_s = time.monotonic() - started
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
+    assert closed_after_s < 3 * UNREAD_BODY_LINGER_S, closed_after_s
 
 
 def test_after_all_probes_memory_is_bounded_and_the_log_clean(server, rss_at_start):
-    server.assert_still_serving()
-    server.wait_until_idle()
+    still_served(server, "after all probes", "")
     samples = prometheus(server)
     assert samples["qwen_serve:connections_refused_total"] >= 1  # the one past the cap
     assert samples["qwen_serve:connections_timed_out_total"] >= 3  # the half head, the silent, the kept-alive
     assert 1 <= samples["qwen_serve:connections_open"] <= 3  # this scrape's own, and any not yet noticed closed
     assert resident_mib(server) < rss_at_start + 150, (rss_at_start, resident_mib(server))
     assert "Traceback" not in server.output(), server.output()[-3000:]
+    print(f"\nRSS at start {rss_at_start:.0f} MiB")
+    print("| probe | outcome | normal request meanwhile (ms) | blocks leaked | RSS after (MiB) |\n|---|---|---|---|---|")
+    for p in PROBES:
+        print(f"| {p['probe']} | {p['outcome']} | {p['normal_request_ms']} | {p['blocks_leaked']} | {p['rss_mib']} |")
 
 
 def test_the_per_client_cap_counts_remote_addresses_only():

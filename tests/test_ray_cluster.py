@@ -24,6 +24,7 @@ import time
 
 import openai
 import pytest
+from raw_http import connect, read_until_closed, slow_body_head
 from server_process import StreamCollector, openai_client, own_server
 
 from qwen_serve.conformance.server_process import LOOPBACK, ServerProcess
@@ -105,9 +106,13 @@ def test_bad_flags_are_one_line_errors_before_ray_starts(flags, message):
 
 
 
+RAY_MAX_QUEUE, RAY_REQUEST_TIMEOUT_S = 2, 5
+
+
 @pytest.fixture(scope="module")
 def ray_server(ray_address):
-    server = started(ray_address, "endpoint", "--router", "affinity")
+    server = started(ray_address, "endpoint", "--router", "affinity", "--max-queue", str(RAY_MAX_QUEUE),
+                     "--request-timeout", str(RAY_REQUEST_TIMEOUT_S))
     yield server
     server.stop()
 
@@ -193,6 +198,30 @@ def test_a_client_that_goes_away_aborts_its_request_on_the_replica(ray_server, s
     assert replica["requests_active"] == 0 and replica["requests_in_flight"] == 0
     assert replica["kv_blocks_used"] == replica["kv_blocks_cached"]
     assert grew(replica, "decode_tokens_total") < 100  # the 600-token request stopped when its client left
+
+
+def test_strangers_cost_the_ingress_nothing_others_need(ray_server):
+    """The ingress runs the single server's guards: more half-sent bodies than the cluster has
+    batch slots and queue places take none of them (a normal request is served meanwhile, each
+    slow one gets 408), a silent connection is closed at the deadline, absurd nesting is a 400."""
+    status, _, raw = ray_server.request("GET", "/health")
+    assert status == 200
+    slots = json.loads(raw)["max_batch"] * 2 + RAY_MAX_QUEUE  # each of the 2 replicas' batch, and the queue
+    slow = [connect(ray_server) for _ in range(slots + 4)]
+    for sock in slow:
+        sock.sendall(slow_body_head("/v1/chat/completions"))
+    silent = connect(ray_server)
+    ray_server.assert_still_serving()
+    for sock in slow:
+        reply = read_until_closed(sock)
+        assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+        sock.close()
+    assert read_until_closed(silent) == b""
+    silent.close()
+    body = '{"messages": [{"role": "user", "content": "Hi"}], "extra": %s}' % ("[" * 100_000 + "]" * 100_000)
+    status, _, raw = ray_server.request("POST", "/v1/chat/completions", body)
+    assert status == 400 and "deeper than 64 levels" in json.loads(raw)["error"]["message"], raw[:300]
+    ray_server.assert_still_serving()
 
 
 def test_cluster_figures_json_and_prometheus(ray_server, smollm2_model_name):

@@ -47,6 +47,9 @@ from .prometheus import ConnectionGauges, EngineGauges, RequestMetrics
 
 log = logging.getLogger("qwen_serve.http")
 MAX_BODY_BYTES = 4 * 2**20
+# aiohttp reads and discards an unanswered body for 10 s by default, so a client sending it sees
+# the answer rather than a reset; a stranger refused with a 401 should cost no more than a moment.
+UNREAD_BODY_LINGER_S = 2.0
 METRICS_PATHS = ("/metrics", "/metrics/prometheus")
 ALWAYS_OPEN = ("/health", "/openapi.json")
 FAILURE_CODES = {EngineDead: "engine_dead", QueueTimeout: "queue_timeout", ShuttingDown: "shutting_down"}
@@ -137,8 +140,11 @@ class ChatServer:
 
     def runner(self, app: web.Application, **options) -> web.AppRunner:
         """The runner of ``app`` (make_app's, perhaps with more routes): handlers are cancelled
-        when their client goes, no access log, malformed requests logged in one line."""
-        return web.AppRunner(app, handler_cancellation=True, access_log=None, logger=ServerLog(), **options)
+        when their client goes, no access log, malformed requests logged in one line, and a body
+        left unread (a 401, 408 or 413 answered before it arrived) drained for at most
+        UNREAD_BODY_LINGER_S so the client can read the answer: then the connection closes."""
+        return web.AppRunner(app, handler_cancellation=True, access_log=None, logger=ServerLog(),
+                             lingering_time=min(UNREAD_BODY_LINGER_S, self.options.request_timeout_s), **options)
 
     def site(self, runner: web.BaseRunner, host: str, port: int) -> GuardedSite:
         """Where the app listens, its connections under this server's guard."""

@@ -9,13 +9,15 @@ drifts is what makes their ratios trustworthy.
     flock /work/cpu.lock python benchmarks/side_by_side.py --only qwen-int4 --only llama-q4_0   # some servers
     flock /work/cpu.lock python benchmarks/side_by_side.py --in-turns qwen-bf16,llama-bf16,vllm-bf16
     python benchmarks/side_by_side.py --report              # merge what is measured: JSON, PNG, markdown
+    flock /work/cpu.lock python benchmarks/side_by_side.py --label icelake --only qwen-int4   # a CPU's own sitting
 
 Per server: decode with 64-token prompts and 128 output tokens at concurrency 1, 8, 16, and
 prefill of a 512-token prompt with 1 output token (prefill tok/s, TTFT); 3 repetitions, medians.
 llama.cpp is restarted for each concurrency with -np set to it (-np 1 for prefill). `scheduler`
 runs qwen-serve int4 with --batching static and continuous under the same uneven load and
 samples batch occupancy from /metrics. Results go to benchmarks/results/ (raw/ per server,
-side_by_side.json/.md and PNGs merged). Every server's stdout goes to a temporary log whose
+side_by_side.json/.md and PNGs merged); with --label NAME to raw/NAME/ and side_by_side-NAME.*, so
+a sitting on another CPU kind stands beside the others instead of mixing with them. Every server's stdout goes to a temporary log whose
 tail is printed if it fails.
 """
 from __future__ import annotations
@@ -86,8 +88,9 @@ def peer_version(name: str, peers: Peers) -> str:
     return f"qwen-serve {git_revision()}"
 
 
-QWEN_FLAGS = {"qwen-int4": ["--quant", "int4", "--dtype", "bfloat16"], "qwen-fp32": [],
-              "qwen-bf16": ["--dtype", "bfloat16"]}  # int4 with a bf16 KV cache: llama.cpp keeps f16, vLLM bf16
+# As a user starts them: int4 with the server's float32 activations (bf16 activations cost on a CPU
+# without BF16 units: 25.2 vs 33.4 tok/s single-stream on Ice Lake), the KV dtype the server picks.
+QWEN_FLAGS = {"qwen-int4": ["--quant", "int4"], "qwen-fp32": [], "qwen-bf16": ["--dtype", "bfloat16"]}
 
 
 # The bench runs one at a time, with the streams each has in flight (llama.cpp's -np).
@@ -115,8 +118,7 @@ def launches(name: str, peers: Peers) -> list[tuple[ServerCommand, list[list[str
 SERVERS = ("qwen-int4", "qwen-fp32", "qwen-bf16", "llama-q4_0", "llama-bf16", "vllm-bf16")
 
 
-def measure(name: str, peers: Peers) -> Path:
-    raw = RESULTS / "raw"
+def measure(name: str, peers: Peers, raw: Path) -> Path:
     raw.mkdir(parents=True, exist_ok=True)
     version = peer_version(name, peers)
     paths = []
@@ -140,14 +142,13 @@ def measure(name: str, peers: Peers) -> Path:
 IDLE_PROBE_S = 2.0
 
 
-def measure_in_turns(names: list[str], peers: Peers) -> list[Path]:
+def measure_in_turns(names: list[str], peers: Peers, raw: Path) -> list[Path]:
     """The servers up together, each stage's repetitions taking turns between them (`bench
     --interleave`): on a shared machine whose speed drifts by minutes, their ratios are then
     measured seconds apart. llama.cpp is restarted with -np for each stage; the others stay up.
     Before each stage every server's CPU use while idle is read, so none eats into another's turn
     unnoticed. Each server's figures go to raw/NAME.json as in the one-at-a-time mode, marked
     with the group and this sitting."""
-    raw = RESULTS / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     versions = {name: peer_version(name, peers) for name in names}
     sitting = {"with": names, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -202,10 +203,9 @@ def _idle_cpu(running: dict[str, RunningServer]) -> dict[str, float]:
     return out
 
 
-def scheduler(peers: Peers) -> Path:
+def scheduler(peers: Peers, raw: Path) -> Path:
     """qwen-serve int4 under 16 streams of uneven output length (16-256 tokens), max batch 8:
     static vs continuous batching, with batch occupancy sampled from /metrics."""
-    raw = RESULTS / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     paths = []
     for mode in ("static", "continuous"):
@@ -244,22 +244,25 @@ def main(argv: list[str] | None = None) -> int:
                              "each, a server in one group only)")
     parser.add_argument("--report", action="store_true", help="only merge what is measured and write the report")
     parser.add_argument("--peers", type=Path, default=cache_dir("peers"), help="where setup_peers.py put the peers")
+    parser.add_argument("--label", default=None, metavar="NAME",
+                        help="keep this sitting apart: raw results in raw/NAME/, the report as side_by_side-NAME.*")
     args = parser.parse_args(argv)
+    raw = RESULTS / "raw" / (args.label or "")
     groups = [[n.strip() for n in group.split(",") if n.strip()] for group in args.in_turns]
     check_groups(parser, groups, args.only)
     peers = Peers(args.peers.expanduser().resolve())
     if not args.report:
         for group in groups:
             try:
-                measure_in_turns(group, peers)
+                measure_in_turns(group, peers, raw)
             except (RuntimeError, subprocess.CalledProcessError) as exc:
                 print(f"{','.join(group)}: FAILED: {exc}", file=sys.stderr)
         for name in [] if groups else args.only or (*SERVERS, "scheduler"):
             try:
-                scheduler(peers) if name == "scheduler" else measure(name, peers)
+                scheduler(peers, raw) if name == "scheduler" else measure(name, peers, raw)
             except (RuntimeError, subprocess.CalledProcessError) as exc:
                 print(f"{name}: FAILED: {exc}", file=sys.stderr)
-    report(SERVERS)
+    report(SERVERS, raw, "side_by_side" + (f"-{args.label}" if args.label else ""))
     return 0
 
 

@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
 from servers import REPO, RSS_SETTLE_S
@@ -55,19 +56,19 @@ def torch_bandwidth_gb_s() -> float:
     return best / 1e9
 
 
-def report(servers: Sequence[str]) -> None:
-    """Merge raw/SERVER.json of the `servers` measured (in that order) into side_by_side.json,
-    its PNGs and side_by_side.md."""
-    raw = sorted(p for p in (RESULTS / "raw").glob("*.json") if p.stem in servers)
+def report(servers: Sequence[str], raw_dir: Path, name: str = "side_by_side") -> None:
+    """Merge raw_dir/SERVER.json of the `servers` measured (in that order) into NAME.json, its
+    PNGs and NAME.md."""
+    raw = sorted(p for p in raw_dir.glob("*.json") if p.stem in servers)
     if not raw:
-        raise SystemExit("nothing measured yet: run with --only SERVER first")
-    order = {name: i for i, name in enumerate(servers)}
+        raise SystemExit(f"nothing measured in {raw_dir} yet: run with --only SERVER first")
+    order = {server: i for i, server in enumerate(servers)}
     raw.sort(key=lambda p: order[p.stem])
     subprocess.run([sys.executable, "-m", "qwen_serve", "bench", "--merge", *map(str, raw), "--out", str(RESULTS),
-                    "--name", "side_by_side"], check=True)
-    document = json.loads((RESULTS / "side_by_side.json").read_text())
-    (RESULTS / "side_by_side.md").write_text(markdown(document, torch_bandwidth_gb_s()))
-    print(f"wrote {RESULTS / 'side_by_side.md'}")
+                    "--name", name], check=True)
+    document = json.loads((RESULTS / f"{name}.json").read_text())
+    (RESULTS / f"{name}.md").write_text(markdown(document, torch_bandwidth_gb_s()))
+    print(f"wrote {RESULTS / f'{name}.md'}")
 
 
 def _sitting(endpoint: dict) -> str | None:

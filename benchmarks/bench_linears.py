@@ -21,11 +21,12 @@ import torch
 import torch.nn.functional as F
 
 from qwen_serve.backends.torch_cpu import blocked_layout as blocked
-from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Scratch
+from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear
 from qwen_serve.backends.torch_cpu.linear import DenseLinear
 from qwen_serve.backends.torch_cpu.merged_linear import MergedLinear
 from qwen_serve.backends.torch_cpu.native import Kernels, cpu_features, load_kernels
 from qwen_serve.backends.torch_cpu.path_plan import TILE_DTYPES, PathPlan
+from qwen_serve.backends.torch_cpu.tiles import Scratch
 from qwen_serve.quant import int4
 
 SHAPES = [(2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072)] * 4

@@ -117,9 +117,10 @@ def test_rejects_widths_that_are_not_whole_groups():
 # --- the torch layers, against x @ dequantize(W).T in numpy -------------------------------------
 
 torch = pytest.importorskip("torch")
-from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Int8Linear, Scratch  # noqa: E402
+from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Int8Linear  # noqa: E402
 from qwen_serve.backends.torch_cpu.native import load_kernels  # noqa: E402
 from qwen_serve.backends.torch_cpu.path_plan import PathPlan  # noqa: E402
+from qwen_serve.backends.torch_cpu.tiles import Scratch  # noqa: E402
 
 ROW_COUNTS = [1, 3, 8, 9, 40, 130]  # decode sizes, a partial block of 8, then (past 16) the tile path
 

@@ -1,6 +1,7 @@
-"""The quantized layers' paths chosen by timing on this CPU (kernel_choice.py): every path agrees
-with the float reference at every row class, the choice is cached per machine and build and
-measured again when either changes, and QWEN_SERVE_KERNELS forces paths or fails in one line."""
+"""The packed layers' paths chosen by timing on this CPU (kernel_choice.py): every path of the int4,
+int8 and bf16 layers agrees with the float reference at every row class, the choice is cached per
+machine and build and measured again when either changes, a bf16 layer takes oneDNN's layout for
+all its rows or none, and QWEN_SERVE_KERNELS forces paths or fails in one line."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,10 +9,12 @@ import pytest
 import torch
 
 from qwen_serve.backends.torch_cpu import kernel_choice
-from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Int8Linear, Scratch
+from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Int8Linear
 from qwen_serve.backends.torch_cpu.kernel_choice import ENV, choose_paths, describe, forced_paths
-from qwen_serve.backends.torch_cpu.native import load_kernels
-from qwen_serve.backends.torch_cpu.path_plan import PATHS, ROW_CLASSES, PathPlan, row_class
+from qwen_serve.backends.torch_cpu.linear import DenseLinear
+from qwen_serve.backends.torch_cpu.native import has_fast_bf16_matmul, load_kernels
+from qwen_serve.backends.torch_cpu.path_plan import ONEDNN, PATHS, ROW_CLASSES, PathPlan, row_class
+from qwen_serve.backends.torch_cpu.tiles import Scratch
 from qwen_serve.errors import ModelLoadError
 from qwen_serve.quant import int4
 
@@ -23,14 +26,18 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def tolerance(path: str, kernels) -> float:
+def tolerance(path: str, kernels, kind: str = "int4") -> float:
     """Per path: tiles in float32 are the reference's own arithmetic; bf16 tiles keep 8 bits of
-    mantissa (~0.3% on a matmul); the kernels quantize activations per group of 64, to int8
-    with VNNI (~2% with an outlier channel) or int16 (~1e-4)."""
+    mantissa (~0.3% on a matmul); the quantized kernels quantize activations per group of 64, to
+    int8 with VNNI (~2% with an outlier channel) or int16 (~1e-4); the bf16 kernel and oneDNN
+    round x to bf16 where the CPU multiplies bf16 natively, else compute in float32."""
     if path == "tiles_f32":
         return 1e-5
     if path == "tiles_bf16":
         return 1e-2
+    if kind == "bf16":
+        native = kernels.bf16 if path == "kernel" else has_fast_bf16_matmul()
+        return 1e-2 if native else 1e-5
     return 3e-2 if kernels.isa == "avx512" and kernels.vnni else 1e-3
 
 
@@ -40,8 +47,12 @@ def _activations(rows: int, width: int, seed: int) -> torch.Tensor:
     return x
 
 
-def _paths() -> list[str]:
-    return [p for p in PATHS if p != "kernel" or KERNELS is not None]
+def _paths(kind: str = "int4") -> list[str]:
+    return [p for p in PATHS if (p != "kernel" or KERNELS is not None) and (p != ONEDNN or kind == "bf16")]
+
+
+BLOCKED_BF16 = pytest.mark.skipif(KERNELS is None or KERNELS.isa != "avx512",
+                                  reason="the blocked bf16 layout needs the AVX-512 kernels")
 
 
 @pytest.mark.parametrize("path", _paths())
@@ -64,6 +75,36 @@ def test_every_int8_path_matches_the_float_reference_at_every_row_class(path):
     for rows in ROWS:
         x = _activations(rows, 128, seed=rows)
         assert _rel(layer(x), x @ reference.T) < tolerance(path, KERNELS), rows
+
+
+@BLOCKED_BF16
+@pytest.mark.parametrize("path", _paths("bf16"))
+@pytest.mark.parametrize("out_features", [40, 300])  # a partial last block; several tiles
+def test_every_bf16_path_matches_the_float_reference_at_every_row_class(path, out_features):
+    weight = torch.randn(out_features, 192, generator=torch.Generator().manual_seed(out_features)).bfloat16()
+    layer = DenseLinear(weight, scratch=Scratch(floats=192 * 64))  # tiles of 64 rows
+    layer.plan = PathPlan.fixed(path)
+    layer.prepack(KERNELS)
+    assert (layer.blocked is None) == (path == ONEDNN)  # oneDNN's layout, or the blocked one
+    for rows in ROWS:
+        x = _activations(rows, 192, seed=rows)
+        assert _rel(layer(x), x @ weight.float().T) < tolerance(path, KERNELS, "bf16"), rows
+
+
+@BLOCKED_BF16
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_unpacked_bf16_tile_holds_the_rows_transposed(dtype):
+    weight = torch.randn(100, 256, generator=torch.Generator().manual_seed(3)).bfloat16()
+    layer = DenseLinear(weight)
+    layer.plan = PathPlan.fixed("kernel")
+    layer.prepack(KERNELS)
+    tile = torch.full((256, 7 * 16 + 5), float("nan"), dtype=dtype)  # wider than the blocks: a row stride
+    KERNELS.ops.bf16b_unpack_avx512_(layer.blocked, 1, 7, tile)
+    assert torch.equal(tile[:, :84].T, weight[16:100].to(dtype))  # blocks 1..6: rows 16..111, 100 exist
+    assert torch.equal(tile[:, 84:96], torch.zeros(256, 12, dtype=dtype))  # the padding rows of the last block
+    assert tile[:, 96:].isnan().all()  # nothing written past the blocks asked for
+    with pytest.raises(RuntimeError, match="out of range"):
+        KERNELS.ops.bf16b_unpack_avx512_(layer.blocked, 5, 8, tile)
 
 
 @pytest.mark.skipif(KERNELS is None or KERNELS.isa != "avx512", reason="the blocked layout needs AVX-512")
@@ -90,6 +131,23 @@ def test_each_row_class_takes_the_path_whose_worse_end_lags_least():
     tied = {path: dict.fromkeys(kernel_choice.PROBE_ROWS, 1.0) for path in ("tiles_f32", "kernel")}
     assert kernel_choice._fastest(tied) == PathPlan.fixed("kernel")  # a tie goes to the kernel
     assert [row_class(n) for n in (1, 2, 8, 9, 16, 17, 64, 65, 512, 4096)] == [0, 1, 1, 2, 2, 3, 3, 4, 4, 4]
+
+
+def test_onednn_takes_every_row_class_or_none():
+    def timings(*per_probe):
+        return dict(zip(kernel_choice.PROBE_ROWS, per_probe))
+
+    # The kernel leads at 1 row, oneDNN elsewhere (an AMX CPU): the mix lags 1.5x at 8 rows
+    # (tiles), oneDNN only 1.2x at 1 row, so oneDNN takes every class.
+    amx = {"kernel": timings(4, 5, 6, 6, 11, 11, 40, 40, 290), "tiles_bf16": timings(9, 9, 9, 9, 9, 9, 12, 12, 40),
+           ONEDNN: timings(4.8, 4, 4, 4, 4.2, 4.2, 7, 7, 34)}
+    assert kernel_choice._fastest(amx) == PathPlan.fixed(ONEDNN)
+    # The kernel leads to 16 rows, tiles beyond, oneDNN a little behind both: the mix.
+    zen = {"kernel": timings(4, 4, 5, 5, 6, 6, 20, 20, 300), "tiles_f32": timings(20, 20, 20, 20, 20, 20, 21, 21, 100),
+           ONEDNN: timings(6, 6, 7, 7, 8, 8, 22, 22, 110)}
+    assert kernel_choice._fastest(zen).paths == ("kernel",) * 4 + ("tiles_f32",)
+    assert kernel_choice._with_forced(PathPlan.fixed(ONEDNN), {4: "tiles_f32"}).paths == ("kernel",) * 4 + ("tiles_f32",)
+    assert kernel_choice._with_forced(PathPlan.fixed("kernel"), {c: ONEDNN for c in range(5)}) == PathPlan.fixed(ONEDNN)
 
 
 @pytest.fixture
@@ -163,6 +221,32 @@ def test_a_bad_forced_path_is_a_one_line_error(text):
     assert "\n" not in str(error.value)
     assert forced_paths("") == {}
     assert forced_paths("int8:65-512=tiles_f32") == {("int8", 4): "tiles_f32"}
+
+
+@pytest.mark.parametrize("text", ["int4=onednn", "bf16:65-512=onednn"])
+def test_onednn_is_forced_for_bf16_and_all_its_rows_only(text):
+    with pytest.raises(ModelLoadError, match="onednn is a layout of bf16 weights") as error:
+        forced_paths(text)
+    assert "\n" not in str(error.value)
+
+
+@BLOCKED_BF16
+@pytest.mark.parametrize("forced, blocked", [("bf16=onednn", False), ("bf16=kernel,bf16:65-512=tiles_f32", True)])
+def test_bf16_projections_are_laid_out_as_their_plan_says(choices_dir, monkeypatch, forced, blocked):
+    layers = [DenseLinear(torch.randn(64, 128).bfloat16()), DenseLinear(torch.randn(64, 128).bfloat16())]
+    head = DenseLinear(torch.randn(80, 128).bfloat16())
+    head.as_head(KERNELS)  # blocked already: the head keeps its kernel, never a plan
+    monkeypatch.setenv(ENV, forced)
+    choices = choose_paths([*layers, head], KERNELS)
+    assert [c.name for c in choices] == ["bf16 64x128"] and head.plan is None
+    for layer in layers:
+        layer.prepack(KERNELS)
+        assert (layer.blocked is not None) == blocked
+    x = _activations(100, 128, seed=1)
+    assert _rel(layers[0](x), x @ layers[0].dequantize().T) < 1e-2
+    monkeypatch.delenv(ENV)
+    measured = choose_paths([DenseLinear(torch.randn(48, 128).bfloat16())], KERNELS)[0]
+    assert set(measured.seconds) == {"kernel", "tiles_f32"} | ({"tiles_bf16", ONEDNN} if has_fast_bf16_matmul() else set())
 
 
 def test_forcing_a_kernel_this_machine_cannot_run_is_an_error(choices_dir, monkeypatch):

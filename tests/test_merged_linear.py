@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from qwen_serve.backends.torch_cpu import blocked_layout as blocked
-from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Scratch
+from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear
 from qwen_serve.backends.torch_cpu.linear import DenseLinear
 from qwen_serve.backends.torch_cpu.merged_linear import MergedLinear
 from qwen_serve.backends.torch_cpu.native import Kernels, load_kernels
 from qwen_serve.backends.torch_cpu.path_plan import PathPlan
+from qwen_serve.backends.torch_cpu.tiles import Scratch
 from qwen_serve.quant import int4
 
 KERNELS = load_kernels()

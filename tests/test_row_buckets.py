@@ -6,10 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Scratch
+from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear
 from qwen_serve.backends.torch_cpu.linear import DenseLinear
 from qwen_serve.backends.torch_cpu.path_plan import PathPlan
 from qwen_serve.backends.torch_cpu.row_buckets import EXACT_ROWS, bucket_rows
+from qwen_serve.backends.torch_cpu.tiles import Scratch
 from qwen_serve.quant import int4
 
 

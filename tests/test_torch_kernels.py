@@ -8,12 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from qwen_serve.backends.torch_cpu import kernel_choice, native
-from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Int8Linear, Scratch
+from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Int8Linear
 from qwen_serve.backends.torch_cpu.kv_storage import TorchKVStorage
 from qwen_serve.backends.torch_cpu.linear import DenseLinear
 from qwen_serve.backends.torch_cpu.native import Kernels, cpu_features, load_kernels
 from qwen_serve.backends.torch_cpu.paged_decode import PagedDecode
 from qwen_serve.backends.torch_cpu.path_plan import PathPlan
+from qwen_serve.backends.torch_cpu.tiles import Scratch
 from qwen_serve.quant import int4
 
 KERNELS = load_kernels()

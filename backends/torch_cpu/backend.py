@@ -9,6 +9,7 @@ float table and 77.1% for an int4 one, which would save 65 MB more on Qwen3-0.6B
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Mapping
 
@@ -21,12 +22,13 @@ from qwen_serve.errors import require_choice
 from qwen_serve.models.checkpoint import TABLE_NAMES, Checkpoint
 from qwen_serve.quant import int4
 
-from .int4_linear import Int4Linear, Int8Linear, Scratch, quantizable
+from .int4_linear import Int4Linear, Int8Linear, quantizable
 from .kv_storage import TorchKVStorage
 from .linear import DenseLinear
 from .model import DecoderModel
 from .native import load_kernels
 from .sampler import TorchSampler
+from .tiles import Scratch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUANTIZATIONS = ("none", "int4")
@@ -66,7 +68,7 @@ class TorchBackend:
                 # freed memory resident (1.5 GiB RSS for 385 MiB of weights).
                 del tensor, array
                 return_free_heap()
-        model = DecoderModel(checkpoint.config, weights, make_linear=_as_linear)
+        model = DecoderModel(checkpoint.config, weights, make_linear=functools.partial(_as_linear, scratch=scratch))
         if quant != "none":
             return_free_heap()  # and the temporaries of merging the projections (merged_linear.py)
         return model
@@ -109,10 +111,10 @@ def _threads_from_env() -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
-def _as_linear(weight, bias):
+def _as_linear(weight, bias, scratch: Scratch):
     """A float tensor becomes a DenseLinear; a layer quantized while loading is used as is."""
     if isinstance(weight, torch.Tensor):
-        return DenseLinear(weight, bias)
+        return DenseLinear(weight, bias, scratch)
     if bias is not None:
         weight.bias = bias.float()
     return weight

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from qwen_serve.quant.int4 import GROUP, Int4Weight, can_quantize
 
@@ -23,31 +22,9 @@ from . import blocked_layout as blocked
 from .merged_linear import stacked_bias
 from .native import Kernels, load_kernels
 from .path_plan import TILE_DTYPES, PathPlan
-from .row_buckets import pad_rows
+from .tiles import Scratch, tiled_matmul, transposed_tile
 
-SCRATCH_FLOATS = 1 << 22  # 16 MiB of float32: one weight tile, shared by every layer
-TILE_PAD = 16  # elements at the end of each row of a transposed tile (see Int4Linear._tile)
 ROWS_PER_PASS = 8192  # rows quantized at a time, so a 151936-row embedding needs no full float copy
-
-
-class Scratch:
-    """Buffers reused by every quantized layer of a model for its dequantized tiles (float32, and
-    the GEMM's dtype when that differs), allocated on first use so a model that only decodes never
-    holds them."""
-
-    def __init__(self, floats: int = SCRATCH_FLOATS) -> None:
-        self.floats = floats
-        self.buffers: dict[torch.dtype, torch.Tensor] = {}
-
-    def rows_per_tile(self, in_features: int) -> int:
-        """Whole blocks of 16 rows, so a tile of a blocked layout starts at a block."""
-        return max(1, self.floats // in_features // blocked.BLOCK) * blocked.BLOCK
-
-    def tile(self, rows: int, in_features: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        buffer = self.buffers.get(dtype)
-        if buffer is None or buffer.numel() < rows * in_features:
-            buffer = self.buffers[dtype] = torch.empty(max(self.floats, rows * in_features), dtype=dtype)
-        return buffer[: rows * in_features].view(rows, in_features)
 
 
 class _QuantizedLinear:
@@ -87,13 +64,7 @@ class _QuantizedLinear:
 
     def _tiled_matmul(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """y = x @ W.T with W dequantized one tile of rows at a time into the shared scratch."""
-        xg = pad_rows(x.to(dtype))  # oneDNN: a bounded set of shapes (row_buckets.py)
-        y = torch.empty(xg.shape[0], self.out_features, dtype=torch.float32)
-        step = self.scratch.rows_per_tile(self.in_features)
-        for start in range(0, self.out_features, step):
-            stop = min(self.out_features, start + step)
-            y[:, start:stop] = F.linear(xg, self._tile(start, stop, dtype))
-        return y[: x.shape[0]]
+        return tiled_matmul(x, self.out_features, self.scratch.rows_per_tile(self.in_features), dtype, self._tile)
 
     def _tile(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
         """Rows [start, stop) of W dequantized [stop - start, K] in dtype (a view of the scratch)."""
@@ -156,12 +127,9 @@ class Int4Linear(_QuantizedLinear):
         it as is (the transpose is a view)."""
         if not self.blocked or self.kernels is None:
             return super()._tile(start, stop, dtype)
-        first, last = start // blocked.BLOCK, -(-stop // blocked.BLOCK)
-        # rows TILE_PAD apart beyond the tile's width: at a power-of-two stride the kernel's stores
-        # to 64 rows at a time all fell in the same cache sets (bf16: 3.4 -> 10.3 G weights/s)
-        tile = self.scratch.tile(self.in_features, (last - first) * blocked.BLOCK + TILE_PAD, dtype)
-        self.kernels.ops.q4b_unpack_avx512_(self.codes, self.scale, self.zero, first, last, tile)
-        return tile[:, : stop - start].t()
+        return transposed_tile(self.scratch, self.in_features, start, stop, dtype,
+                               lambda first, last, out: self.kernels.ops.q4b_unpack_avx512_(
+                                   self.codes, self.scale, self.zero, first, last, out))
 
     def _fill_tile(self, start: int, stop: int, out: torch.Tensor) -> None:
         if self.blocked:

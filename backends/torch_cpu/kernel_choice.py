@@ -1,4 +1,4 @@
-"""Each quantized projection's path per row class (path_plan.py), chosen by timing on this CPU.
+"""Each packed projection's path per row class (path_plan.py), chosen by timing on this CPU.
 
 Where the kernels and the dequantized tiles cross depends on the CPU, and no row count holds on
 all of them: on a Zen 5 the AVX-512 kernels beat bf16 tiles at every size, while on a Sapphire
@@ -9,9 +9,14 @@ each class takes the path whose worse end lags that end's fastest path least. Th
 the choices are kept in the cache directory under a key of the CPU's model and flags, the
 kernels' build, torch's version and the thread count, so this costs seconds once per machine.
 
+The same goes for bf16 projections (on CPUs whose AVX-512 kernels run the blocked bf16 layout),
+whose candidates also include oneDNN's prepacked weight: a layout of its own, so a plan takes it
+for every row class or none, whichever's worst class lags least.
+
 ``QWEN_SERVE_KERNELS`` forces paths over the measured ones: ``int4=tiles_bf16``, or per row class
-``int4:65-512=tiles_f32,int8=kernel`` (kinds int4 and int8; a path the CPU runs slowly, such as
-bf16 tiles without native bf16, is still correct).
+``int4:65-512=tiles_f32,int8=kernel,bf16=onednn`` (kinds int4, int8 and bf16; onednn for bf16
+only and for all its rows; a path the CPU runs slowly, such as bf16 tiles without native bf16, is
+still correct).
 """
 from __future__ import annotations
 
@@ -31,13 +36,15 @@ from qwen_serve.cache_dir import cache_dir
 from qwen_serve.errors import ModelLoadError
 from qwen_serve.quant.int4 import GROUP, Int4Weight
 
-from .int4_linear import Int4Linear, Int8Linear, Scratch
+from .int4_linear import Int4Linear, Int8Linear
+from .linear import DenseLinear, runs_bf16_kernel
 from .native import Kernels, build_key, cpu_features, cpu_model, has_fast_bf16_matmul
-from .path_plan import CLASS_LABELS, PATHS, ROW_CLASSES, PathPlan
+from .path_plan import CLASS_LABELS, ONEDNN, PATHS, ROW_CLASSES, PathPlan
+from .tiles import Scratch
 
 log = logging.getLogger("qwen_serve.torch")
 ENV = "QWEN_SERVE_KERNELS"
-KINDS = {"int4": Int4Linear, "int8": Int8Linear}
+KINDS = ("int4", "int8", "bf16")
 PROBE_ROWS = sorted({rows for bounds in ROW_CLASSES for rows in bounds})
 MAX_TIMED_WEIGHTS = 1 << 23  # a larger shape is timed on fewer of its output rows: cost is linear in them
 REPEATS = 5
@@ -64,13 +71,25 @@ def shape_key(kind: str, out_features: int, in_features: int) -> str:
     return f"{kind} {out_features}x{in_features}"
 
 
+def kind_of(linear, kernels: Kernels | None) -> str | None:
+    """The kind of plan a layer takes: quantized ones, and bf16 ones not yet packed (prepack()
+    lays them out as their plan says) wherever the blocked bf16 kernel runs."""
+    if type(linear) is Int4Linear:
+        return "int4"
+    if type(linear) is Int8Linear:
+        return "int8"
+    if type(linear) is DenseLinear and linear.weight is not None and runs_bf16_kernel(linear, kernels):
+        return "bf16"
+    return None
+
+
 def choose_paths(linears: Iterable, kernels: Kernels | None) -> list[ShapeChoice]:
-    """Set the plan of every quantized layer among ``linears`` (measured or read from the cache,
+    """Set the plan of every packed layer among ``linears`` (measured or read from the cache,
     then overridden by QWEN_SERVE_KERNELS) and return the choices, one per distinct shape."""
     forced = forced_paths(os.environ.get(ENV, ""))
     by_shape: dict[tuple[str, int, int], list] = {}
     for linear in linears:
-        kind = next((k for k, cls in KINDS.items() if type(linear) is cls), None)
+        kind = kind_of(linear, kernels)
         if kind is not None:
             by_shape.setdefault((kind, linear.out_features, linear.in_features), []).append(linear)
     if not by_shape:
@@ -79,7 +98,7 @@ def choose_paths(linears: Iterable, kernels: Kernels | None) -> list[ShapeChoice
     stored = _read(path)
     choices, measured = [], False
     for (kind, n, k), layers in by_shape.items():
-        runnable = layers[0].kernels is not None
+        runnable = kind == "bf16" or layers[0].kernels is not None
         for (forced_kind, _), choice in forced.items():
             if forced_kind == kind and choice == "kernel" and not runnable:
                 raise ModelLoadError(f"{ENV} asks for the {kind} kernel, which this machine cannot run "
@@ -88,10 +107,11 @@ def choose_paths(linears: Iterable, kernels: Kernels | None) -> list[ShapeChoice
         seconds = stored.get(key)
         forced_classes = tuple((kind, c) in forced for c in range(len(ROW_CLASSES)))
         if seconds is None and not all(forced_classes):
-            seconds = stored[key] = _measure(kind, n, k, layers[0].kernels, _candidates(runnable))
+            seconds = stored[key] = _measure(kind, n, k, kernels if kind == "bf16" else layers[0].kernels,
+                                             _candidates(kind, runnable))
             measured = True
         plan = _fastest(seconds) if seconds else PathPlan.fixed("tiles_f32")
-        plan = PathPlan(tuple(forced.get((kind, c), p) for c, p in enumerate(plan.paths)))
+        plan = _with_forced(plan, {c: path for (forced_kind, c), path in forced.items() if forced_kind == kind})
         for layer in layers:
             layer.plan = plan
         choices.append(ShapeChoice(kind, n, k, seconds or {}, plan, forced_classes))
@@ -111,9 +131,20 @@ def forced_paths(text: str) -> dict[tuple[str, int], str]:
         if not sep or kind not in KINDS or path.strip() not in PATHS or colon and rows.strip() not in CLASS_LABELS:
             raise ModelLoadError(f"{ENV}: {item!r} is not KIND[:ROWS]=PATH with KIND one of {', '.join(KINDS)}, "
                                  f"ROWS one of {', '.join(CLASS_LABELS)}, PATH one of {', '.join(PATHS)}")
+        if path.strip() == ONEDNN and (kind != "bf16" or colon):
+            raise ModelLoadError(f"{ENV}: {item!r}: onednn is a layout of bf16 weights, for all their rows: bf16=onednn")
         classes = [CLASS_LABELS.index(rows.strip())] if colon else range(len(ROW_CLASSES))
         forced.update({(kind, c): path.strip() for c in classes})
     return forced
+
+
+def _with_forced(plan: PathPlan, forced: dict[int, str]) -> PathPlan:
+    """The plan with the forced row classes replaced; forcing onednn takes every class, and
+    forcing another path onto a onednn plan leaves the rest to the kernel."""
+    if ONEDNN in forced.values():
+        return PathPlan.fixed(ONEDNN)
+    base = PathPlan.fixed("kernel") if forced and ONEDNN in plan.paths else plan
+    return PathPlan(tuple(forced.get(c, p) for c, p in enumerate(base.paths)))
 
 
 def machine() -> dict:
@@ -145,20 +176,29 @@ def describe(choices: list[ShapeChoice]) -> list[str]:
     return lines
 
 
-def _candidates(runnable: bool) -> list[str]:
+def _candidates(kind: str, runnable: bool) -> list[str]:
     paths = ["kernel"] if runnable else []
-    return paths + ["tiles_f32"] + (["tiles_bf16"] if has_fast_bf16_matmul() else [])
+    fast_bf16 = ["tiles_bf16"] + ([ONEDNN] if kind == "bf16" else []) if has_fast_bf16_matmul() else []
+    return paths + ["tiles_f32"] + fast_bf16
 
 
 def _fastest(seconds: dict[str, dict[int, float]]) -> PathPlan:
+    """Per row class the path whose worse end lags that end's fastest path least (a tie goes to
+    the kernel); onednn, a layout of its own, instead of that mix where its worst class lags less
+    than the mix's worst."""
     if len(seconds) == 1:  # nothing to choose from: nothing was timed
         return PathPlan.fixed(next(iter(seconds)))
-    paths = []
-    for lo, hi in ROW_CLASSES:
-        def lag(path: str) -> float:
-            return max(seconds[path][n] / min(times[n] for times in seconds.values()) for n in (lo, hi))
-        paths.append(min(sorted(seconds, key=PATHS.index), key=lag))  # a tie goes to the kernel
-    return PathPlan(tuple(paths))
+
+    def lag(path: str, lo: int, hi: int) -> float:
+        return max(seconds[path][n] / min(times[n] for times in seconds.values()) for n in (lo, hi))
+
+    mixable = sorted((p for p in seconds if p != ONEDNN), key=PATHS.index)
+    mix = PathPlan(tuple(min(mixable, key=lambda p: lag(p, lo, hi)) for lo, hi in ROW_CLASSES))
+    if ONEDNN not in seconds:
+        return mix
+    worst_of_mix = max(lag(p, *bounds) for p, bounds in zip(mix.paths, ROW_CLASSES))
+    worst_of_onednn = max(lag(ONEDNN, *bounds) for bounds in ROW_CLASSES)
+    return PathPlan.fixed(ONEDNN) if worst_of_onednn < worst_of_mix else mix
 
 
 def _measure(kind: str, out_features: int, in_features: int, kernels: Kernels | None,
@@ -192,9 +232,15 @@ def _synthetic(kind: str, rows: int, cols: int, kernels: Kernels | None, plan: P
         weight = Int4Weight(rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8),
                             np.full((rows, groups), 0.01, np.float16), np.full((rows, groups), -0.08, np.float16))
         layer = Int4Linear(weight, scratch=Scratch(), kernels=kernels)
-    else:
+    elif kind == "int8":
         layer = Int8Linear(torch.from_numpy(rng.standard_normal((rows, cols), dtype=np.float32)), scratch=Scratch(),
                            kernels=kernels)
+    else:  # bf16: laid out as the plan says
+        layer = DenseLinear(torch.from_numpy(rng.standard_normal((rows, cols), dtype=np.float32)).bfloat16(),
+                            scratch=Scratch())
+        layer.plan = plan
+        layer.prepack(kernels)
+        return layer
     layer.plan = plan
     return layer
 

@@ -1,17 +1,16 @@
-"""Float linear layers: bfloat16 through the blocked bf16 kernel where the CPU has AVX-512 (and no
-AMX), otherwise through oneDNN with the weight reordered once at load ("prepacked").
+"""Float linear layers: bfloat16 in the blocked layout of the bf16 kernel, or oneDNN's reordered
+("prepacked") weight; float32 through oneDNN prepacked.
 
-Prepacked, torch's oneDNN linear ran 2x faster than ``F.linear`` on the same weights for float32
-at every batch size on a Zen 5 and 1.6x for bfloat16 at decode sizes (``python
-benchmarks/bench_linears.py``). bfloat16 weights are multiplied in bfloat16 (float32
-accumulation) where the CPU does that natively (AVX512-BF16 or AMX); elsewhere bf16 matmul runs
-~100x slower than float32, so there they are upcast per call and bf16 only saves memory.
-On a Zen 4 EPYC without AMX the blocked kernel (kernels/bf16_avx512.cpp) took float32 x and
-gave float32 y with no conversion around the call, and beat prepacked oneDNN at 1-16 rows
-(1.5-1.7x at one row, 4 Qwen3-0.6B layers) and came within 3% of it at 64-512, so there it takes
-every call; AMX CPUs, whose bf16 GEMM is several times faster at prefill, keep oneDNN. On AVX-512
-CPUs without AVX512-BF16 (an Ice Lake) the same kernel widens the weight pairs to float32 in
-registers; the alternative there was converting the whole weight to float32 on every call.
+Which bf16 layout, and in the blocked one which path takes how many rows (the kernel, or tiles
+unpacked for torch's GEMM in float32 or bf16), is the layer's PathPlan, timed on the CPU at hand
+(kernel_choice.py). What the timings showed: on a Zen 4 without AMX the blocked kernel took float32
+x to float32 y with no conversion around the call and beat prepacked oneDNN 1.5-1.7x at one row,
+within 3% at 64-512 rows; on a Sapphire Rapids it still won at one row but oneDNN's AMX GEMM won
+from 8 rows on, 3.5x at 512; on an Ice Lake, without AVX512-BF16, the kernel widens each weight
+pair to float32 in registers, and float32 GEMM on unpacked tiles is the candidate for prefill
+(bf16 GEMM runs ~100x slower there). A layer built outside a model, with no plan, takes the
+blocked kernel where it runs and the CPU has no AMX, else oneDNN.
+
 Outputs are float32 either way: the residual stream, norms and softmax stay float32. The layer
 that gives logits (as_head) multiplies with float32 results: rounded to bf16, SmolLM2's two most
 likely first tokens for "What is the capital of France?" tied and argmax took the wrong one. There a
@@ -26,7 +25,9 @@ import torch.nn.functional as F
 from . import blocked_layout as blocked
 from .merged_linear import stacked_bias
 from .native import Kernels, cpu_features, has_fast_bf16_matmul
+from .path_plan import ONEDNN, TILE_DTYPES, PathPlan
 from .row_buckets import pad_rows
+from .tiles import Scratch, tiled_matmul, transposed_tile
 
 
 def compute_dtype(weight_dtype: torch.dtype) -> torch.dtype:
@@ -39,7 +40,7 @@ def runs_bf16_kernel(layer: "DenseLinear", kernels: Kernels | None) -> bool:
 
 
 class DenseLinear:
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, scratch: Scratch | None = None) -> None:
         self.weight: torch.Tensor | None = weight.contiguous()
         self.packed: torch.Tensor | None = None  # the oneDNN-ordered weight, once prepack() ran
         self.blocked: torch.Tensor | None = None  # bf16 rows for the kernel, once prepack() or as_head() blocked them
@@ -47,21 +48,25 @@ class DenseLinear:
         self.bias = None if bias is None else bias.float()
         self.out_features, self.in_features = weight.shape
         self.dtype = compute_dtype(weight.dtype)
+        self.scratch = scratch or Scratch()  # the blocked layout's prefill tiles
+        self.plan: PathPlan | None = None  # a bf16 projection's timed paths (kernel_choice.py), before prepack()
 
     @classmethod
     def stacked(cls, parts: list["DenseLinear"]) -> "DenseLinear":
         """One layer computing every part's output side by side (merged_linear.py); before prepack()."""
         if any(part.weight is None for part in parts):
             raise ValueError("stack float layers before prepack() or as_head()")
-        return cls(torch.cat([part.weight for part in parts]), stacked_bias(parts))
+        return cls(torch.cat([part.weight for part in parts]), stacked_bias(parts), parts[0].scratch)
 
     def prepack(self, kernels: Kernels | None = None) -> None:
-        """The layout this CPU multiplies fastest (the blocked bf16 kernel where ``kernels`` run it
-        and there is no AMX, else oneDNN's), the plain weight dropped (so lookup() works only when
-        blocked: not for a table an embedding shares). Leaves the layer as it was where neither runs."""
+        """The layout the plan names (without a plan: the blocked bf16 kernel's where ``kernels``
+        run it and there is no AMX, else oneDNN's), the plain weight dropped (so lookup() works
+        only when blocked: not for a table an embedding shares). Leaves the layer as it was where
+        neither runs."""
         if self.weight is None:
             return
-        if runs_bf16_kernel(self, kernels) and "amx_bf16" not in cpu_features():
+        wants_blocked = "amx_bf16" not in cpu_features() if self.plan is None else ONEDNN not in self.plan.paths
+        if runs_bf16_kernel(self, kernels) and wants_blocked:
             self._block(kernels)
             return
         if self.weight.dtype != self.dtype or not torch.backends.mkldnn.is_available():
@@ -94,8 +99,13 @@ class DenseLinear:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self.blocked is not None:  # float32 in and out, no conversion around the call
-            y = self.kernels.ops.bf16b_matmul_avx512(x2.float().contiguous(), self.blocked, self.out_features,
-                                                     self.kernels.bf16)
+            x2 = x2.float().contiguous()
+            path = "kernel" if self.plan is None else self.plan.path(x2.shape[0])
+            if path == "kernel":
+                y = self.kernels.ops.bf16b_matmul_avx512(x2, self.blocked, self.out_features, self.kernels.bf16)
+            else:
+                y = tiled_matmul(x2, self.out_features, self.scratch.rows_per_tile(self.in_features),
+                                 TILE_DTYPES[path], self._tile)
         else:  # oneDNN: a bounded set of shapes (row_buckets.py)
             x2 = pad_rows(x2.to(self.dtype))
             if self.packed is not None:
@@ -105,6 +115,11 @@ class DenseLinear:
             y = y[: lead.numel()].float()
         y = y.view(*lead, self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def _tile(self, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        return transposed_tile(self.scratch, self.in_features, start, stop, dtype,
+                               lambda first, last, out: self.kernels.ops.bf16b_unpack_avx512_(self.blocked, first,
+                                                                                             last, out))
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the weight as float32 (an embedding lookup when this is a tied embedding)."""

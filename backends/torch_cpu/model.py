@@ -84,15 +84,17 @@ class DecoderModel:
         if head is None and not c.tie_word_embeddings:
             raise ModelLoadError("checkpoint lacks lm_head.weight and does not tie embeddings")
         self.lm_head = self.embed if head is None else make_linear(head, None)
+        if weights:
+            raise ModelLoadError(f"checkpoint has unexpected tensors, e.g. {sorted(weights)[:3]}")
         self.kernels = kernels = load_kernels()
+        if isinstance(self.lm_head, DenseLinear):
+            self.lm_head.as_head(kernels)  # float32 logits; a tied table keeps lookup()
+        # each packed shape's path per row count (a bf16 projection's layout too), then the layouts
+        multiplied = [linear for linear in self.linears() if linear is not self.embed or linear is self.lm_head]
+        self.kernel_choices = choose_paths(multiplied, kernels)
         for linear in [linear for layer in self.layers for linear in layer.linears()]:
             if isinstance(linear, DenseLinear):
                 linear.prepack(kernels)
-        if isinstance(self.lm_head, DenseLinear):
-            self.lm_head.as_head(kernels)  # float32 logits; a tied table keeps lookup()
-        if weights:
-            raise ModelLoadError(f"checkpoint has unexpected tensors, e.g. {sorted(weights)[:3]}")
-        self.kernel_choices = choose_paths(self.linears(), kernels)  # each quantized shape's path per row count
         if move_to_huge_pages(self.linears()):
             return_free_heap()  # the old copies
         self.attention = CachedAttention(scale=c.head_dim ** -0.5)

@@ -28,6 +28,9 @@ void q8b_matmul_vnni8(const float* x, int64_t M, int64_t K, const int8_t* codes,
 // or bfloat16 (unpack_avx512.cpp): block i's 16 rows are columns 16 * (i - first) onwards.
 void q4b_unpack_avx512(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int64_t groups,
                        int64_t first, int64_t stop, void* out, int64_t ld, bool bf16);
+// The same for blocks [first, stop) of a blocked bfloat16 weight [blocks, K/2, 16, 2] (no rounding).
+void bf16b_unpack_avx512(const uint16_t* codes, int64_t K, int64_t first, int64_t stop, void* out, int64_t ld,
+                         bool bf16);
 
 // Decode attention over a paged KV cache, read in place through the block tables (AVX-512).
 // kv_bf16: the caches hold bfloat16 (as uint16), else float32. q [B, H, D] has rows q_stride apart.

@@ -377,6 +377,19 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::TensorLis
   return mlp;
 }
 
+// Blocks [first, stop) of the blocked bfloat16 layout into out [K, >= 16 * (stop - first)], float32
+// or bfloat16 with contiguous rows: the transposed prefill tile.
+void bf16b_unpack_avx512_(const at::Tensor& codes, int64_t first, int64_t stop, at::Tensor out) {
+  require_bf16b(false);
+  const int64_t K = check_bf16b_weight(codes, codes.size(0) * 16);
+  TORCH_CHECK(0 <= first && first <= stop && stop <= codes.size(0), "blocks [", first, ", ", stop, ") out of range");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == K && out.size(1) >= 16 * (stop - first) && out.stride(1) == 1 &&
+                  (out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16),
+              "out must be float32 or bfloat16 [K, 16 * blocks] with contiguous rows");
+  qs::bf16b_unpack_avx512(reinterpret_cast<const uint16_t*>(codes.data_ptr()), K, first, stop, out.data_ptr(),
+                          out.stride(0), out.scalar_type() == at::kBFloat16);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(qwen_serve, m) {
@@ -391,6 +404,7 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("paged_decode_avx512", &paged_decode_avx512);
   m.def("kv_write_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slots, Tensor keys, Tensor values) -> ()", &kv_write_);
   m.def("bf16b_matmul_avx512", &bf16b_matmul_avx512);
+  m.def("bf16b_unpack_avx512_(Tensor codes, int first, int stop, Tensor(a!) out) -> ()", &bf16b_unpack_avx512_);
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm_(Tensor(a!) hidden, Tensor delta, Tensor weight, float eps) -> Tensor", &add_rms_norm_);
   m.def("head_norm_rope_(Tensor(a!) x, Tensor? weight, float eps, Tensor cos, Tensor sin) -> ()", &head_norm_rope_);

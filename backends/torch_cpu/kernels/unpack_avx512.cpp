@@ -1,4 +1,4 @@
-// Blocked int4 weights dequantized into a prefill tile (AVX-512), float32 or bfloat16.
+// Blocked int4 and bfloat16 weights unpacked into a prefill tile (AVX-512), float32 or bfloat16.
 //
 // The tile is written transposed, [K, 16 * blocks]: in the blocked layout one 32-byte chunk holds
 // the same 4 inputs of a block's 16 rows, so each of those inputs becomes one 16-float store of
@@ -47,7 +47,44 @@ QS_AVX512 void unpack_group(const uint8_t* codes, const uint16_t* scale, const u
   }
 }
 
+// Pairs [p_begin, p_end) of blocks [first, stop) of a blocked bf16 weight ([blocks, K/2, 16 rows, 2]):
+// one 64-byte load holds inputs 2p and 2p + 1 of a block's 16 rows interleaved; a word permute puts
+// input 2p's 16 rows in the low half and 2p + 1's in the high, each half one store (bf16) or, shifted
+// to the float32 bit position, two.
+template <bool BF16>
+QS_AVX512 void unpack_pairs(const uint16_t* codes, int64_t half_k, int64_t p_begin, int64_t p_end, int64_t first,
+                            int64_t stop, void* out, int64_t ld) {
+  alignas(64) int16_t order[32];
+  for (int i = 0; i < 16; i++) order[i] = static_cast<int16_t>(2 * i), order[16 + i] = static_cast<int16_t>(2 * i + 1);
+  const __m512i split = _mm512_load_si512(order);
+  for (int64_t p = p_begin; p < p_end; p++) {
+    for (int64_t i = first; i < stop; i++) {
+      const __m512i w = _mm512_permutexvar_epi16(split, _mm512_loadu_si512(codes + (i * half_k + p) * 32));
+      const int64_t column = (i - first) * 16;
+      for (int half = 0; half < 2; half++) {
+        const __m256i bits = half ? _mm512_extracti64x4_epi64(w, 1) : _mm512_castsi512_si256(w);
+        const int64_t k = 2 * p + half;
+        if constexpr (BF16)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + k * ld + column), bits);
+        else
+          _mm512_storeu_si512(static_cast<float*>(out) + k * ld + column,
+                              _mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void bf16b_unpack_avx512(const uint16_t* codes, int64_t K, int64_t first, int64_t stop, void* out, int64_t ld,
+                         bool bf16) {
+  at::parallel_for(0, K / 2, 16, [&](int64_t b, int64_t e) {
+    if (bf16)
+      unpack_pairs<true>(codes, K / 2, b, e, first, stop, out, ld);
+    else
+      unpack_pairs<false>(codes, K / 2, b, e, first, stop, out, ld);
+  });
+}
 
 void q4b_unpack_avx512(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int64_t groups,
                        int64_t first, int64_t stop, void* out, int64_t ld, bool bf16) {

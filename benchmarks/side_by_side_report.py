@@ -67,7 +67,7 @@ def report(servers: Sequence[str], raw_dir: Path, name: str = "side_by_side") ->
     subprocess.run([sys.executable, "-m", "qwen_serve", "bench", "--merge", *map(str, raw), "--out", str(RESULTS),
                     "--name", name], check=True)
     document = json.loads((RESULTS / f"{name}.json").read_text())
-    (RESULTS / f"{name}.md").write_text(markdown(document, torch_bandwidth_gb_s()))
+    (RESULTS / f"{name}.md").write_text(markdown(document, torch_bandwidth_gb_s(), name))
     print(f"wrote {RESULTS / f'{name}.md'}")
 
 
@@ -87,7 +87,7 @@ def _how_run(doc: dict) -> str:
     return "; ".join(parts)
 
 
-def markdown(doc: dict, torch_gb_s: float) -> str:
+def markdown(doc: dict, torch_gb_s: float, name: str = "side_by_side") -> str:
     def f(e, c, key="output_tok_s"):
         return figure(doc, e, key, c)
 
@@ -141,10 +141,17 @@ def markdown(doc: dict, torch_gb_s: float) -> str:
     for label, ours, peer, c in rows:
         lines.append(f"| {label} | {_num(f(ours, c))} tok/s | {_num(f(peer, c))} tok/s | {_ratio(f(ours, c), f(peer, c))} "
                      f"| {together(ours, peer)} |")
-    for peer in ("llama-q4_0", "vllm-bf16"):
-        lines.append(f"| 512-token prefill, int4 vs {peer} | {_num(prefill('qwen-int4'), 0)} tok/s | "
-                     f"{_num(prefill(peer), 0)} tok/s | {_ratio(prefill('qwen-int4'), prefill(peer))} "
-                     f"| {together('qwen-int4', peer)} |")
+    for ours, peer in (("qwen-int4", "llama-q4_0"), ("qwen-int4", "vllm-bf16"), ("qwen-bf16", "llama-bf16"),
+                       ("qwen-bf16", "vllm-bf16")):
+        lines.append(f"| 512-token prefill, {ours[5:]} vs {peer} | {_num(prefill(ours), 0)} tok/s | "
+                     f"{_num(prefill(peer), 0)} tok/s | {_ratio(prefill(ours), prefill(peer))} "
+                     f"| {together(ours, peer)} |")
+    for c in (1, 8):
+        for peer in ("llama-q4_0", "vllm-bf16"):
+            ours_s, peer_s = figure(doc, "qwen-int4", "ttft_s", c), figure(doc, peer, "ttft_s", c)
+            lines.append(f"| TTFT p50 at {c} stream{'s' if c > 1 else ''}, int4 vs {peer} (lower is better) | "
+                         f"{_num(ours_s, 3)} s | {_num(peer_s, 3)} s | {_ratio(ours_s, peer_s)} | "
+                         f"{together('qwen-int4', peer)} |")
     lines.append(f"| TTFT of the 512-token prompt, int4 vs vllm-bf16 (lower is better) | {_num(prefill('qwen-int4', 'ttft_s'), 3)} s | "
                  f"{_num(prefill('vllm-bf16', 'ttft_s'), 3)} s | {_ratio(prefill('qwen-int4', 'ttft_s'), prefill('vllm-bf16', 'ttft_s'))} "
                  f"| {together('qwen-int4', 'vllm-bf16')} |")
@@ -164,6 +171,6 @@ def markdown(doc: dict, torch_gb_s: float) -> str:
                 for e in doc["endpoints"]}
     lines += ["", "Share of decode requests that produced exactly the 128 tokens asked: "
               + ", ".join(f"{n} {v:.0%}" for n, v in honoured.items()) + ".", "",
-              "Plots: `side_by_side-throughput.png`, `side_by_side-latency.png`. Each server's exact command line "
-              "and version are in `side_by_side.json` (`notes`, `launches`).", ""]
+              f"Plots: `{name}-throughput.png`, `{name}-latency.png`. Each server's exact command line "
+              f"and version are in `{name}.json` (`notes`, `launches`).", ""]
     return "\n".join(lines)

@@ -37,6 +37,16 @@ def test_ratio_rows_say_whether_their_two_servers_took_turns_in_one_sitting():
     assert rows["single-stream decode, int4 vs vLLM bf16"][3] == "apart"  # vLLM measured alone
     assert "in turns at 07:05: qwen-int4, llama-q4_0, llama-bf16" in text
     assert "in turns at 06:00: qwen-bf16" in text and "one at a time: vllm-bf16" in text
+    assert rows["TTFT p50 at 8 streams, int4 vs llama-q4_0 (lower is better)"] == ["0.100 s", "0.100 s", "1.00x",
+                                                                                   "in turns"]
+    assert rows["512-token prefill, bf16 vs llama-bf16"] == ["— tok/s", "— tok/s", "—", "apart"]  # no prefill run
+    assert "Plots: `side_by_side-throughput.png`" in text
+    assert "`side_by_side-zen5-latency.png`" in side_by_side_report.markdown(doc, 30.0, "side_by_side-zen5")
+
+
+def test_a_labelled_report_reads_its_own_sitting_only(tmp_path):
+    with pytest.raises(SystemExit, match="nothing measured in .*zen5"):
+        side_by_side_report.report(side_by_side.SERVERS, tmp_path / "zen5", "side_by_side-zen5")
 
 
 @pytest.mark.parametrize("argv, needle", [

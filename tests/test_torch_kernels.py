@@ -330,9 +330,10 @@ def _fused_equals_per_op(path, monkeypatch, **options) -> None:
     from qwen_serve import LLM, SamplingParams
     from qwen_serve.backends.torch_cpu.fused_decode import FusedDecode
 
-    # the fused op runs the int4 kernels: on widths this small the timed choice may give tiles
-    # even single rows (microseconds apart either way)
-    monkeypatch.setenv(kernel_choice.ENV, "int4=kernel")
+    # the fused op runs the int4 and bf16 kernels on their blocked layouts: on widths this small
+    # the timed choice may give tiles even single rows (microseconds apart either way), or bf16
+    # oneDNN's layout on a CPU with AMX
+    monkeypatch.setenv(kernel_choice.ENV, "int4=kernel,bf16=kernel")
     fused_llm, per_op_llm = (LLM(str(path), calibrate=False, chunk_size=64, **options)
                              for _ in range(2))  # fresh caches: the same prefix hits
     fused_model, per_op_model = fused_llm.parts.executor, per_op_llm.parts.executor

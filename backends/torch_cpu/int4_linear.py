@@ -127,9 +127,10 @@ class Int4Linear(_QuantizedLinear):
         it as is (the transpose is a view)."""
         if not self.blocked or self.kernels is None:
             return super()._tile(start, stop, dtype)
-        return transposed_tile(self.scratch, self.in_features, start, stop, dtype,
-                               lambda first, last, out: self.kernels.ops.q4b_unpack_avx512_(
-                                   self.codes, self.scale, self.zero, first, last, out))
+        return transposed_tile(self.scratch, self.in_features, start, stop, dtype, self._unpack)
+
+    def _unpack(self, first: int, last: int, out: torch.Tensor) -> None:
+        self.kernels.ops.q4b_unpack_avx512_(self.codes, self.scale, self.zero, first, last, out)
 
     def _fill_tile(self, start: int, stop: int, out: torch.Tensor) -> None:
         if self.blocked:

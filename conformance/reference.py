@@ -33,8 +33,3 @@ def hf_greedy(path: Path, prompt_ids: list[int], max_new_tokens: int, eos_ids: t
                 break
             inputs = torch.tensor([[token]])
     return out
-
-
-def hf_next_token_logits(path: Path, prompt_ids: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return hf_model(path)(input_ids=torch.tensor([prompt_ids])).logits[0, -1]

@@ -192,13 +192,6 @@ class QuantizedLinear(Protocol):
 
 
 @runtime_checkable
-class Attention(Protocol):
-    """Writes this step's keys/values into the cache, then attends over each sequence's history."""
-
-    def __call__(self, layer: int, queries: Any, keys: Any, values: Any, cache: KVCache, step: Any) -> Any: ...
-
-
-@runtime_checkable
 class Sampler(Protocol):
     """Turns logits into tokens; each request draws from its own generator, seeded once.
 

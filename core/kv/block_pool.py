@@ -101,16 +101,6 @@ class BlockPool:
     def lookup(self, block_hash: BlockHash) -> int | None:
         return self.cached_block_hash_to_block.get(block_hash)
 
-    def evict_all(self) -> int:
-        """Drop every cache-only block (e.g. to reset); returns how many were freed."""
-        count = 0
-        while self._evictable:
-            block, _ = self._evictable.popitem(last=False)
-            self._forget_hash(block)
-            heapq.heappush(self._fresh, block)
-            count += 1
-        return count
-
     def _forget_hash(self, block: int) -> None:
         block_hash = self.block_hash[block]
         if block_hash is not None:

@@ -45,9 +45,6 @@ class Checkpoint:
         """The files holding the weights."""
         return [self.path] if self.path.is_file() else sorted(self.path.glob("*.safetensors"))
 
-    def file_bytes(self) -> int:
-        return sum(f.stat().st_size for f in self.files())
-
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     from .gguf_checkpoint import load_gguf

@@ -68,10 +68,6 @@ class Tokenizer:
     def _added_tokens(self) -> dict[int, str]:
         return {i: t.content for i, t in self.backend.get_added_tokens_decoder().items()}
 
-    @cached_property
-    def special_token_ids(self) -> frozenset[int]:
-        return frozenset(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special)
-
     def render_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True, **context: Any) -> str:
         if self.chat_template is None:
             raise ValueError("this model has no chat template; send a plain prompt instead")

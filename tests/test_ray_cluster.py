@@ -33,6 +33,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip ins
 serve = pytest.importorskip("ray.serve")
 
 ENGINE_DEPLOYMENT = "EngineReplica"
+REPLICAS = 2  # each deployment this module starts
 
 
 class RayServer(ServerProcess):
@@ -82,7 +83,7 @@ def ray_address():
 
 
 def started(address: str, app_name: str, *args: str) -> RayServer:
-    return RayServer(address, app_name, ["--replicas", "2", *args]).start()
+    return RayServer(address, app_name, ["--replicas", str(REPLICAS), *args]).start()
 
 
 def user(content: str) -> list[dict]:
@@ -206,7 +207,7 @@ def test_strangers_cost_the_ingress_nothing_others_need(ray_server):
     slow one gets 408), a silent connection is closed at the deadline, absurd nesting is a 400."""
     status, _, raw = ray_server.request("GET", "/health")
     assert status == 200
-    slots = json.loads(raw)["max_batch"] * 2 + RAY_MAX_QUEUE  # each of the 2 replicas' batch, and the queue
+    slots = json.loads(raw)["max_batch"] * REPLICAS + RAY_MAX_QUEUE  # every replica's batch, and the queue
     slow = [connect(ray_server) for _ in range(slots + 4)]
     for sock in slow:
         sock.sendall(slow_body_head("/v1/chat/completions"))

@@ -98,7 +98,9 @@ def choose_paths(linears: Iterable, kernels: Kernels | None) -> list[ShapeChoice
     stored = _read(path)
     choices, measured = [], False
     for (kind, n, k), layers in by_shape.items():
-        runnable = kind == "bf16" or layers[0].kernels is not None
+        # a quantized layer carries the kernels it was built with; a bf16 one gets them when prepacked
+        layer_kernels = kernels if kind == "bf16" else layers[0].kernels
+        runnable = layer_kernels is not None
         for (forced_kind, _), choice in forced.items():
             if forced_kind == kind and choice == "kernel" and not runnable:
                 raise ModelLoadError(f"{ENV} asks for the {kind} kernel, which this machine cannot run "
@@ -107,8 +109,7 @@ def choose_paths(linears: Iterable, kernels: Kernels | None) -> list[ShapeChoice
         seconds = stored.get(key)
         forced_classes = tuple((kind, c) in forced for c in range(len(ROW_CLASSES)))
         if seconds is None and not all(forced_classes):
-            seconds = stored[key] = _measure(kind, n, k, kernels if kind == "bf16" else layers[0].kernels,
-                                             _candidates(kind, runnable))
+            seconds = stored[key] = _measure(kind, n, k, layer_kernels, _candidates(kind, runnable))
             measured = True
         plan = _fastest(seconds) if seconds else PathPlan.fixed("tiles_f32")
         plan = _with_forced(plan, {c: path for (forced_kind, c), path in forced.items() if forced_kind == kind})

@@ -72,9 +72,9 @@ REPEATS = 5
 
 
 def tokenizers_under_test():
+    from qwen_serve.checkpoints.checkpoint import load_checkpoint
+    from qwen_serve.checkpoints.default_model import default_model_path
     from qwen_serve.conformance.qwen_tokenizer import build_qwen_tokenizer
-    from qwen_serve.models.checkpoint import load_checkpoint
-    from qwen_serve.models.default_model import default_model_path
 
     smollm2 = load_checkpoint(default_model_path())
     return {
@@ -193,8 +193,8 @@ def engine() -> None:
 
     from qwen_serve import LLM, SamplingParams
     from qwen_serve.conformance.models import smollm2_gguf
-    from qwen_serve.engine.sampling_params import StructuredOutput
     from qwen_serve.logits.structured import GrammarState
+    from qwen_serve.sampling.params import StructuredOutput
 
     print(f"\n## structured output in the engine ({cpu_description()})")
     # long enough that the constrained row decodes through the whole measurement

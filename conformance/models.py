@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from qwen_serve.models.default_model import default_model_path
+from qwen_serve.checkpoints.default_model import default_model_path
 
 from .qwen_tokenizer import qwen_tokenizer_json_path
 

@@ -91,8 +91,7 @@ def amplifies_batch_variance(cache: Any) -> str | None:
 def cannot_speculate(cache: Any, sampler: Any) -> str | None:
     """Check 7 needs a cache that rolls rejected drafts back and a sampler that verifies sampled
     drafts by rejection sampling; without either the engine decodes sampled requests normally."""
-    from qwen_serve.protocols import Rewinding
-    from qwen_serve.speculative.protocols import DraftVerifying
+    from qwen_serve.protocols import DraftVerifying, Rewinding
 
     if not isinstance(cache, Rewinding):
         return f"{type(cache).__name__} cannot roll back rejected drafts (no Rewinding): it runs without speculation"

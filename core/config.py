@@ -5,8 +5,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .kv.memory import kv_bytes_per_token
-
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "LlamaForCausalLM")
 BATCHING_MODES = ("continuous", "static")
 SCHEDULING_POLICIES = ("fcfs", "priority")
@@ -93,10 +91,6 @@ class ModelConfig:
     def with_eos(self, extra: tuple[int, ...]) -> "ModelConfig":
         merged = tuple(dict.fromkeys(self.eos_token_ids + extra))
         return dataclasses.replace(self, eos_token_ids=merged)
-
-    def kv_bytes_per_token(self, bytes_per_elem: int) -> int:
-        """2 (K and V) x layers x kv heads x head_dim x element size; no d_model, no n_heads."""
-        return kv_bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, bytes_per_elem)
 
 
 @dataclass(frozen=True)

@@ -39,4 +39,4 @@ def register_logits_processors(register: Callable[..., None]) -> None:
 @hookspec
 def register_proposers(register: Callable[..., None]) -> None:
     """Call register(name, factory) for each speculative-decoding proposer; factory(engine_config)
-    -> Proposer (core/speculative/protocols.py), built once per engine (``--speculative NAME``)."""
+    -> Proposer (core/protocols.py), built once per engine (``--speculative NAME``)."""

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 from .config import ModelConfig
-from .engine.sampling_params import SamplingParams
-from .logits.adjustment import BatchAdjustment, LogitsAdjustment
+from .sampling.adjustment import BatchAdjustment, LogitsAdjustment
+from .sampling.params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -323,3 +323,32 @@ class Backend(Protocol):
     ) -> KVStorage: ...
 
     def create_sampler(self) -> Sampler: ...
+
+
+# Speculation: proposing tokens, and a sampler verifying sampled drafts (a cache rolling back
+# rejected positions is Rewinding, above).
+@runtime_checkable
+class Proposer(Protocol):
+    """Guesses tokens likely to follow a context, cheaply (hook ``register_proposers``).
+
+    The engine runs the guesses as extra positions of the sequence's chunk and keeps only what
+    verification accepts, so a bad guess costs compute, never correctness.
+    """
+
+    def propose(self, token_ids: Sequence[int], max_tokens: int) -> list[int]:
+        """At most max_tokens tokens to try after token_ids (prompt + output); [] for none."""
+
+
+@runtime_checkable
+class DraftVerifying(Protocol):
+    """A sampler that verifies a sampled request's drafts by rejection sampling, so what it emits
+    is distributed exactly as normal decoding. Greedy drafts need no such ability (any sampler's
+    argmax verifies them); a sampler without it runs sampled requests without speculation."""
+
+    def verify_draft(self, logits: Any, params: SamplingParams, generator: Any, draft: Sequence[int]) -> list[int]:
+        """logits [len(draft) + 1, vocab]: row i scores the token after draft[:i]. Returns the
+        accepted prefix of draft plus one token drawn from the target: the draft is a point
+        mass q, so draft[i] is kept with probability p(draft[i]); on the first rejection one
+        token is drawn from p with draft[i] removed (renormalized) and verification stops; if
+        all are kept, one token is drawn from the last row. Draws come from the request's own
+        generator, so a seeded request replays the same tokens."""

@@ -12,9 +12,9 @@ import torch
 from qwen_serve.backends.torch_cpu.backend import TorchBackend
 from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear
 from qwen_serve.backends.torch_cpu.layer_ops import rms_norm
+from qwen_serve.checkpoints.checkpoint import PROJECTIONS, load_checkpoint, projection_weight_name
 from qwen_serve.config import EngineConfig
 from qwen_serve.engine.builder import build_engine, measure_importance
-from qwen_serve.models.checkpoint import PROJECTIONS, load_checkpoint, projection_weight_name
 from qwen_serve.protocols import Calibratable
 from qwen_serve.quant import calibration, int4
 from qwen_serve.quant.calibration import record_input_importance

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from qwen_serve.models.checkpoint import load_checkpoint
-from qwen_serve.openai.chat_format import ChatFormat
-from qwen_serve.openai.messages import parse_messages
-from qwen_serve.openai.tools import ToolChoice, parse_tools
+from qwen_serve.chat.format import ChatFormat
+from qwen_serve.chat.messages import parse_messages
+from qwen_serve.chat.tools import ToolChoice, parse_tools
+from qwen_serve.checkpoints.checkpoint import load_checkpoint
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from qwen_serve import LLM, SamplingParams
+from qwen_serve.checkpoints.checkpoint import load_checkpoint
 from qwen_serve.conformance.reference import hf_model
 from qwen_serve.errors import ModelLoadError
-from qwen_serve.models.checkpoint import load_checkpoint
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi! How are you?"}]
 

@@ -8,7 +8,7 @@ import time
 from qwen_serve import LLM, SamplingParams
 from qwen_serve.engine import async_engine
 from qwen_serve.engine.async_engine import AsyncEngine
-from qwen_serve.engine.heap import return_free_heap
+from qwen_serve.heap import return_free_heap
 
 
 def test_the_heap_is_trimmed_once_per_idle_period_after_work(qwen3_tiny, monkeypatch):

@@ -223,8 +223,8 @@ def test_nbytes_are_the_stored_bytes():
 from qwen_serve import LLM, SamplingParams  # noqa: E402
 from qwen_serve.backends.torch_cpu.backend import TorchBackend  # noqa: E402
 from qwen_serve.backends.torch_cpu.linear import DenseLinear  # noqa: E402
+from qwen_serve.checkpoints.checkpoint import load_checkpoint  # noqa: E402
 from qwen_serve.errors import ModelLoadError  # noqa: E402
-from qwen_serve.models.checkpoint import load_checkpoint  # noqa: E402
 
 
 def test_int4_load_quantizes_projections_and_keeps_one_int8_table(qwen3_tiny):

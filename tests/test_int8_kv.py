@@ -12,12 +12,12 @@ from qwen_serve.conformance.kv_agreement import MAX_DELTA_OF_SPREAD, MIN_TOP1, l
 from qwen_serve.conformance.prompts import SYSTEM_PROMPT
 from qwen_serve.errors import PluginUnavailable
 from qwen_serve.hookspecs import hookimpl
-from qwen_serve.models.memory_plan import format_memory_plan
 from qwen_serve.plugins.int8_kv import torch_storage
 from qwen_serve.plugins.int8_kv.cache import PagedInt8KVCache
 from qwen_serve.plugins.int8_kv.torch_storage import TorchInt8KVStorage, quantize_rows
 from qwen_serve.protocols import Forking, KVCache, KVStorage, LossyKV, PrefixCaching
 from qwen_serve.registry import load_registry, make_plugin_manager
+from qwen_serve.server.memory_plan import format_memory_plan
 
 try:  # works whether or not tests/ is a package, and under --import-mode=importlib
     from .test_block_accounting import BS, LAYERS, SLAB, PagedCacheMachine, _machine_settings

@@ -9,8 +9,8 @@ from qwen_serve import LLM, SamplingParams
 from qwen_serve.backends.torch_cpu import native
 from qwen_serve.engine.builder import choose_kv_dtype
 from qwen_serve.errors import ModelLoadError
-from qwen_serve.models.memory_plan import format_memory_plan
 from qwen_serve.registry import load_registry
+from qwen_serve.server.memory_plan import format_memory_plan
 
 PROMPTS = [[1, 5, 9, 13, 17, 21, 25, 29] * 4, [2, 4, 6, 8] * 10]
 PARAMS = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

@@ -54,7 +54,7 @@ def test_chat_template_kwargs_reach_the_template(qwen3):
 
 
 def test_smollm2_calls_tools_through_the_hermes_fallback(smollm2_path, tmp_path):
-    from qwen_serve.models.checkpoint import load_checkpoint
+    from qwen_serve.checkpoints.checkpoint import load_checkpoint
 
     tokenizer = load_checkpoint(smollm2_path).tokenizer
     eos = tokenizer.token_to_id("<|im_end|>")

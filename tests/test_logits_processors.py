@@ -14,10 +14,10 @@ from qwen_serve import LLM, SamplingParams
 from qwen_serve.backends.torch_cpu.sampler import TorchSampler, apply_adjustment, distribution
 from qwen_serve.errors import InvalidRequest
 from qwen_serve.hookspecs import hookimpl
-from qwen_serve.logits.adjustment import BatchAdjustment, LogitsAdjustment
 from qwen_serve.logits.penalties import LogitBias, MinTokens, Penalties
 from qwen_serve.protocols import LogitsProcessor, LogitsState
 from qwen_serve.registry import load_registry, make_plugin_manager
+from qwen_serve.sampling.adjustment import BatchAdjustment, LogitsAdjustment
 
 VOCAB = 64
 

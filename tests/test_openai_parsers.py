@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qwen_serve.openai.output_parser import ChatMessage, ChatOutputParser
-from qwen_serve.openai.reasoning import REASONING_PARSERS, ThinkState, choose_reasoning_parser
-from qwen_serve.openai.reasoning.qwen3 import Qwen3ReasoningParser
-from qwen_serve.openai.tool_parsers import TOOL_PARSERS
-from qwen_serve.openai.tool_parsers.hermes import HermesToolParser
+from qwen_serve.chat.output_parser import ChatMessage, ChatOutputParser
+from qwen_serve.chat.reasoning import REASONING_PARSERS, ThinkState, choose_reasoning_parser
+from qwen_serve.chat.reasoning.qwen3 import Qwen3ReasoningParser
+from qwen_serve.chat.tool_parsers import TOOL_PARSERS
+from qwen_serve.chat.tool_parsers.hermes import HermesToolParser
 
 MAYBE, OPEN, CLOSED = ThinkState.MAYBE, ThinkState.OPEN, ThinkState.CLOSED
 CALL = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'

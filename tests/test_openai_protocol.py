@@ -7,21 +7,21 @@ import json
 import pytest
 import tokenizers
 
+from qwen_serve.chat.format import ChatFormat
+from qwen_serve.chat.messages import parse_messages
+from qwen_serve.chat.reasoning import ThinkState
+from qwen_serve.checkpoints.tokenizer import Tokenizer
 from qwen_serve.conformance.models import QWEN3_CHAT_TEMPLATE
 from qwen_serve.conformance.qwen_tokenizer import qwen_tokenizer_json_path
-from qwen_serve.engine.sampling_params import SamplingParams, StructuredOutput
 from qwen_serve.errors import InvalidRequest
-from qwen_serve.models.tokenizer import Tokenizer
-from qwen_serve.openai.chat_format import ChatFormat
-from qwen_serve.openai.messages import parse_messages
 from qwen_serve.openai.protocol import (
     parse_chat_request,
     parse_completion_request,
     parse_detokenize_request,
     parse_tokenize_request,
 )
-from qwen_serve.openai.reasoning import ThinkState
 from qwen_serve.openai.structured import structured_output
+from qwen_serve.sampling.params import SamplingParams, StructuredOutput
 
 VOCAB = 151936
 END_THINK = 151668

@@ -17,9 +17,9 @@ from qwen_serve.config import ModelConfig
 from qwen_serve.conformance.models import Qwen3Geometry, make_qwen3_checkpoint
 from qwen_serve.conformance.reference import hf_greedy
 from qwen_serve.kv.memory import blocks_spanned
-from qwen_serve.models.memory_plan import format_memory_plan
 from qwen_serve.plugins.sliding_window.cache import SlidingWindowKVCache
 from qwen_serve.protocols import Forking, KVCache, PrefixCaching, SlidingWindow
+from qwen_serve.server.memory_plan import format_memory_plan
 
 try:  # works whether or not tests/ is a package, and under --import-mode=importlib
     from .numpy_kv_storage import NumpyKVStorage

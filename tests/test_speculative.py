@@ -257,7 +257,7 @@ def test_verified_rows_are_the_chunks_last_positions(tiny):
 def test_mlx_greedy_is_identical_with_speculation(tiny):
     """The MLX executor gives a drafted chunk's rows the same way (its step layout), and its
     sampler verifies sampled drafts too (check 7 runs on it)."""
-    from qwen_serve.speculative.protocols import DraftVerifying
+    from qwen_serve.protocols import DraftVerifying
 
     plain = LLM(tiny, backend="mlx")
     spec = LLM(tiny, backend="mlx", speculative="ngram", num_speculative_tokens=4)

@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 
 from qwen_serve import LLM, SamplingParams
-from qwen_serve.engine.sampling_params import StructuredOutput
 from qwen_serve.errors import InvalidRequest
+from qwen_serve.sampling.params import StructuredOutput
 
 SCHEMAS = {
     "nested objects": {"type": "object", "properties": {

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from qwen_serve.checkpoints.gguf_tokenizer import gguf_fields, tokenizer_from_gguf
 from qwen_serve.conformance.qwen_tokenizer import build_qwen_tokenizer, qwen_tokenizer_json_path
-from qwen_serve.models.gguf_tokenizer import gguf_fields, tokenizer_from_gguf
 
 # --- SmolLM2 GGUF --------------------------------------------------------------------------
 

@@ -10,9 +10,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from qwen_serve.checkpoints.checkpoint import TABLE_NAMES, Checkpoint
 from qwen_serve.config import ModelConfig
 from qwen_serve.errors import require_choice
-from qwen_serve.models.checkpoint import TABLE_NAMES, Checkpoint
 from qwen_serve.quant import int4
 
 from .blas import REFERENCE

@@ -11,9 +11,9 @@ from typing import Callable
 
 import numpy as np
 
+from qwen_serve.checkpoints.checkpoint import PROJECTIONS
 from qwen_serve.config import ModelConfig
 from qwen_serve.errors import ModelLoadError
-from qwen_serve.models.checkpoint import PROJECTIONS
 from qwen_serve.protocols import KVCache, SlidingWindow, StepBatch
 from qwen_serve.quant.calibration import decoder_projections
 

@@ -11,9 +11,9 @@ from typing import Sequence
 
 import numpy as np
 
-from qwen_serve.engine.sampling_params import SamplingParams
-from qwen_serve.logits.adjustment import BatchAdjustment
 from qwen_serve.protocols import SampleResult
+from qwen_serve.sampling.adjustment import BatchAdjustment
+from qwen_serve.sampling.params import SamplingParams
 
 from .mx import mx
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
+from qwen_serve.checkpoints.checkpoint import projection_weight_name
 from qwen_serve.config import ModelConfig
-from qwen_serve.engine.heap import return_free_heap
 from qwen_serve.errors import ModelLoadError
-from qwen_serve.models.checkpoint import projection_weight_name
+from qwen_serve.heap import return_free_heap
 from qwen_serve.protocols import KVCache, StepBatch
 
 from .attention import CachedAttention

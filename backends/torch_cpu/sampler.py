@@ -8,9 +8,9 @@ from typing import Sequence
 
 import torch
 
-from qwen_serve.engine.sampling_params import SamplingParams
-from qwen_serve.logits.adjustment import BatchAdjustment
 from qwen_serve.protocols import SampleResult
+from qwen_serve.sampling.adjustment import BatchAdjustment
+from qwen_serve.sampling.params import SamplingParams
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
 

@@ -31,8 +31,8 @@ def load_tokenizer(path: str | Path) -> TextTokenizer:
     """A tokenizer.json, an HF checkpoint directory or a .gguf file."""
     import tokenizers
 
-    from ..models.checkpoint import load_checkpoint
-    from ..models.tokenizer import Tokenizer
+    from ..checkpoints.checkpoint import load_checkpoint
+    from ..checkpoints.tokenizer import Tokenizer
 
     p = Path(path).expanduser()
     if p.is_file() and p.suffix == ".json":

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..checkpoints.checkpoint import Checkpoint
 from ..config import ModelConfig
 from ..engine.engine import Engine
-from ..models.checkpoint import Checkpoint
 from ..registry import Registry
 from .spec import ModelSpec
 

@@ -61,9 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def check(args: argparse.Namespace) -> ClusterSpec:
     """Every name and number, before anything starts (a typo fails in milliseconds)."""
-    from ..models.checkpoint import load_checkpoint
-    from ..models.default_model import default_model_path
-    from ..openai.chat_format import check_parser_names
+    from ..chat.format import check_parser_names
+    from ..checkpoints.checkpoint import load_checkpoint
+    from ..checkpoints.default_model import default_model_path
     from ..registry import load_registry
 
     if args.prompt is not None:

@@ -20,9 +20,9 @@ from ray.serve.exceptions import RayServeException, ReplicaUnavailableError
 
 from ..engine.async_engine import EngineFailure
 from ..engine.engine import Engine, RequestOutput
-from ..engine.sampling_params import SamplingParams
 from ..engine.stats import EngineSnapshot
 from ..kv.block_hash import chain_hashes
+from ..sampling.params import SamplingParams
 from .messages import EngineRequest
 from .view import ClusterView
 

@@ -16,9 +16,9 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from ..models.checkpoint import load_checkpoint
-from ..models.default_model import default_model_path
-from ..openai.chat_format import ChatFormat
+from ..chat.format import ChatFormat
+from ..checkpoints.checkpoint import load_checkpoint
+from ..checkpoints.default_model import default_model_path
 from ..openai.responses import json_response
 from ..registry import load_registry
 from ..server.app import ChatServer, ServerInfo

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..engine.engine import RequestOutput
-from ..engine.sampling_params import SamplingParams
 from ..engine.stats import EngineSnapshot
+from ..sampling.params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import AsyncGenerator, Callable, Sequence
 
 from ..errors import FatalEngineError
+from ..heap import return_free_heap
+from ..sampling.params import SamplingParams
 from .engine import Engine, RequestOutput
-from .heap import return_free_heap
-from .sampling_params import SamplingParams
 from .sequence import Sequence as EngineSequence
 from .stats import EngineSnapshot, RequestObserver, RequestRecord, ThroughputWindow
 

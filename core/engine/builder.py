@@ -7,11 +7,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..checkpoints.checkpoint import Checkpoint, load_checkpoint
+from ..checkpoints.default_model import default_model_path
+from ..checkpoints.tokenizer import Tokenizer
 from ..config import EngineConfig, ModelConfig
 from ..kv.window import check_attention_window, with_declared_window
-from ..models.checkpoint import Checkpoint, load_checkpoint
-from ..models.default_model import default_model_path
-from ..models.tokenizer import Tokenizer
 from ..protocols import Backend, Calibratable, ChoosesKVDtype, KVCache, KVStorage, ModelExecutor
 from ..quant.calibration import (
     calibration_token_lists,
@@ -21,8 +21,8 @@ from ..quant.calibration import (
     save_importance,
 )
 from ..registry import Registry, load_registry
+from ..sampling.params import SamplingParams
 from .engine import Engine
-from .sampling_params import SamplingParams
 
 
 @dataclass

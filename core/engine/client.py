@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import AsyncGenerator, Protocol, Sequence
 
 from ..config import ModelConfig
+from ..sampling.params import SamplingParams
 from .engine import RequestOutput
-from .sampling_params import SamplingParams
 from .stats import EngineSnapshot
 
 

@@ -8,21 +8,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence as Seq
 
+from ..checkpoints.tokenizer import Tokenizer
 from ..config import EngineConfig, ModelConfig
 from ..errors import InvalidRequest
 from ..logits.pipeline import LogitsPipeline
 from ..logits.plugin import builtin_logits_processors
-from ..models.tokenizer import Tokenizer
-from ..protocols import Forking, KVCache, LogitsProcessor, ModelExecutor, PrefixCaching, Rewinding, Sampler
-from ..speculative import verify
-from ..speculative.drafting import Drafter
-from ..speculative.protocols import Proposer
+from ..protocols import Forking, KVCache, LogitsProcessor, ModelExecutor, PrefixCaching, Proposer, Rewinding, Sampler
+from ..sampling.params import SamplingParams
+from . import verification
 from .choices import blocks_for_choices
 from .detokenizer import IncrementalDetokenizer
-from .sampling import StepSampler
-from .sampling_params import SamplingParams
+from .drafting import Drafter
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .step_sampler import StepSampler
 
 log = logging.getLogger("qwen_serve.engine")
 
@@ -206,7 +205,7 @@ class Engine:
         sampled_chunks = [c for c in batch.chunks if c.sample]
         sampled = [by_id[c.seq_id] for c in sampled_chunks]
         if any(c.num_draft for c in sampled_chunks):
-            drawn = verify.draw(self.step_sampler, self.sampler, logits, list(zip(sampled, sampled_chunks)))
+            drawn = verification.draw(self.step_sampler, self.sampler, logits, list(zip(sampled, sampled_chunks)))
         else:
             tokens, logprobs = self.step_sampler.sample(logits, sampled)
             drawn = [([t], [lp]) for t, lp in zip(tokens, logprobs)]

@@ -1,7 +1,7 @@
 """The offline, vLLM-shaped Python API: LLM(...).generate / .chat.
 
 ``chat`` renders and parses through the same ChatFormat as the HTTP server
-(qwen_serve.openai.chat_format): tools and template arguments reach the template, and each
+(qwen_serve.chat.format): tools and template arguments reach the template, and each
 output's ``message`` holds the reply split into reasoning, content and tool calls.
 """
 from __future__ import annotations
@@ -12,12 +12,12 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..registry import Registry
+from ..sampling.params import SamplingParams
 from .builder import EngineParts, build_engine
-from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from ..openai.chat_format import ChatFormat
-    from ..openai.output_parser import ChatMessage
+    from ..chat.format import ChatFormat
+    from ..chat.output_parser import ChatMessage
 
 
 @dataclass
@@ -59,7 +59,7 @@ class LLM:
 
     @cached_property
     def chat_format(self) -> "ChatFormat":
-        from ..openai.chat_format import ChatFormat
+        from ..chat.format import ChatFormat
 
         return ChatFormat(self.tokenizer, *self._parser_names)
 
@@ -77,8 +77,8 @@ class LLM:
         """Conversations and tools in the OpenAI request shapes (validated the same way: a bad
         one raises InvalidRequest); keyword arguments also reach the template. Shaped as
         generate's result: n outputs per conversation."""
-        from ..openai.messages import parse_messages
-        from ..openai.tools import parse_tools
+        from ..chat.messages import parse_messages
+        from ..chat.tools import parse_tools
 
         if conversations and isinstance(conversations[0], Mapping):
             conversations = [conversations]  # a single conversation

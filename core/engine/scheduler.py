@@ -35,7 +35,7 @@ from ..protocols import KVCache, PrefixCaching, ScheduledChunk, StepBatch
 from .sequence import Sequence, Status
 
 if TYPE_CHECKING:
-    from ..speculative.drafting import Drafter
+    from .drafting import Drafter
 
 
 class Scheduler:

@@ -6,8 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..sampling.params import SamplingParams
 from .detokenizer import IncrementalDetokenizer
-from .sampling_params import SamplingParams
 
 
 class Status(enum.Enum):

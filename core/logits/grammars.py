@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from ..engine.sampling_params import StructuredOutput
 from ..errors import InvalidRequest
+from ..sampling.params import StructuredOutput
 
 JSON_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 

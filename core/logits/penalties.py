@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
-from ..engine.sampling_params import SamplingParams
 from ..errors import InvalidRequest
 from ..protocols import LogitsRequest
-from .adjustment import LogitsAdjustment
+from ..sampling.adjustment import LogitsAdjustment
+from ..sampling.params import SamplingParams
 
 FLOAT32 = np.finfo(np.float32)
 

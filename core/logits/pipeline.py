@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..engine.sampling_params import SamplingParams
 from ..protocols import Completing, LogitsProcessor, LogitsState
-from .adjustment import LogitsAdjustment
+from ..sampling.adjustment import LogitsAdjustment
+from ..sampling.params import SamplingParams
 
 
 class LogitsPipeline:

@@ -1,9 +1,9 @@
 """The built-in logits processors, registered through the same hook a plugin's processors use."""
 from __future__ import annotations
 
+from ..checkpoints.tokenizer import Tokenizer
 from ..config import ModelConfig
 from ..hookspecs import hookimpl
-from ..models.tokenizer import Tokenizer
 from ..protocols import LogitsProcessor
 from .penalties import LogitBias, MinTokens, Penalties
 from .structured import StructuredOutputs

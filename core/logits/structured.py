@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoints.tokenizer import Tokenizer
 from ..config import ModelConfig
-from ..engine.sampling_params import SamplingParams, StructuredOutput
 from ..errors import InvalidRequest
-from ..models.tokenizer import Tokenizer
 from ..protocols import LogitsRequest
-from .adjustment import LogitsAdjustment
+from ..sampling.adjustment import LogitsAdjustment
+from ..sampling.params import SamplingParams, StructuredOutput
 from .grammars import grammar_for
 
 

@@ -14,10 +14,10 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from ..chat.output_parser import ChatOutputParser, MessageDelta
+from ..checkpoints.tokenizer import Tokenizer
 from ..engine.engine import RequestOutput
-from ..models.tokenizer import Tokenizer
 from .logprobs import chat_logprob_entry
-from .output_parser import ChatOutputParser, MessageDelta
 from .protocol import parse_chat_request
 from .responses import chat_choice, chat_chunk, chat_completion, delta_choice, new_completion_id
 from .serving import ReplyTally, ServedModel, answer_json, answer_stream

@@ -12,8 +12,8 @@ from typing import Any
 
 from aiohttp import web
 
+from ..checkpoints.tokenizer import Tokenizer
 from ..engine.engine import RequestOutput
-from ..models.tokenizer import Tokenizer
 from .logprobs import LegacyLogprobs
 from .protocol import parse_completion_request
 from .responses import new_completion_id, text_choice, text_completion

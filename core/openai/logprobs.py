@@ -6,7 +6,7 @@ from __future__ import annotations
 import codecs
 from typing import Any, Sequence
 
-from ..models.tokenizer import Tokenizer
+from ..checkpoints.tokenizer import Tokenizer
 
 
 def _token_info(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict[str, Any]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.sampling_params import SamplingParams
+from ..chat.fields import boolean, integer, mapping, parse_json_object, string, token_ids
+from ..chat.messages import parse_messages
+from ..chat.tools import Tool, ToolChoice, parse_tool_choice, parse_tools
 from ..errors import InvalidRequest
-from .fields import boolean, integer, mapping, parse_json_object, string, token_ids
-from .messages import parse_messages
+from ..sampling.params import SamplingParams
 from .sampling_fields import parse_sampling
 from .structured import ResponseFormat, parse_response_format
-from .tools import Tool, ToolChoice, parse_tool_choice, parse_tools
 
 DEFAULT_MAX_TOKENS = 256  # chat completions (SPEC §4)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # legacy completions, as OpenAI

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..engine.sampling_params import SamplingParams
+from ..chat.fields import boolean, integer, number, token_ids
 from ..errors import InvalidRequest
-from .fields import boolean, integer, number, token_ids
+from ..sampling.params import SamplingParams
 
 MAX_N = 128  # OpenAI's limit; whether n choices fit the KV pool is the engine's check
 MAX_STOPS = 16

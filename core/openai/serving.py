@@ -11,12 +11,12 @@ from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 from aiohttp import web
 
+from ..chat.format import ChatFormat
+from ..checkpoints.tokenizer import Tokenizer
 from ..engine.async_engine import EngineFailure
 from ..engine.client import EngineClient
 from ..engine.engine import RequestOutput
-from ..engine.sampling_params import SamplingParams
-from ..models.tokenizer import Tokenizer
-from .chat_format import ChatFormat
+from ..sampling.params import SamplingParams
 from .responses import error_body, json_response, model_not_found, now, usage
 from .streaming import EventStream, sse
 

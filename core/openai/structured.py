@@ -11,10 +11,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..engine.sampling_params import StructuredOutput
+from ..chat.fields import mapping, string
+from ..chat.tools import Tool, ToolChoice, check_json_schema
 from ..errors import InvalidRequest
-from .fields import mapping, string
-from .tools import Tool, ToolChoice, check_json_schema
+from ..sampling.params import StructuredOutput
 
 SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ..cache_dir import cache_dir
-from ..models.checkpoint import PROJECTIONS, projection_weight_name
+from ..checkpoints.checkpoint import PROJECTIONS, projection_weight_name
 from ..protocols import Calibratable
 
 log = logging.getLogger("qwen_serve.calibration")

@@ -19,12 +19,12 @@ from typing import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
+from ..chat.format import ChatFormat
+from ..checkpoints.tokenizer import Tokenizer
 from ..engine.async_engine import EngineDead, EngineFailure, EngineUnavailable, QueueTimeout, ShuttingDown
 from ..engine.client import EngineClient
 from ..errors import InvalidRequest
-from ..models.tokenizer import Tokenizer
 from ..openai.chat import ChatCompletions
-from ..openai.chat_format import ChatFormat
 from ..openai.completions import Completions
 from ..openai.responses import error_body, json_response
 from ..openai.serving import ServedModel

@@ -156,8 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from ..engine.builder import build_engine
-    from ..engine.sampling_params import SamplingParams
-    from ..models.memory_plan import format_memory_plan
+    from ..sampling.params import SamplingParams
+    from .memory_plan import format_memory_plan
 
     if args.prompt is None:
         return run_server(args)
@@ -174,10 +174,10 @@ def run(args: argparse.Namespace) -> int:
 
 def run_server(args: argparse.Namespace) -> int:
     """Check every flag and plugin name, open the port, then load the model behind it."""
+    from ..chat.format import check_parser_names
     from ..engine.builder import build_engine
-    from ..models.memory_plan import format_memory_plan
-    from ..openai.chat_format import check_parser_names
     from ..registry import load_registry
+    from .memory_plan import format_memory_plan
     from .serve import serve, warm_up
 
     check_parser_names(args.reasoning_parser, args.tool_call_parser)  # a typo fails before the model loads

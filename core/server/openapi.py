@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..openai.messages import ROLES
+from ..chat.messages import ROLES
+from ..chat.tools import NAME as TOOL_NAME
 from ..openai.protocol import DEFAULT_COMPLETION_MAX_TOKENS, DEFAULT_MAX_TOKENS, REASONING_EFFORTS
 from ..openai.sampling_fields import MAX_N, MAX_STOPS
-from ..openai.tools import NAME as TOOL_NAME
 
 INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
 ERROR = {"$ref": "#/components/schemas/Error"}
@@ -35,7 +35,7 @@ TOOL_CALL = {"type": "object", "required": ["id", "function"], "properties": {
     "function": {"type": "object", "required": ["name", "arguments"], "properties": {
         "name": {"type": "string", "minLength": 1},
         "arguments": {"type": "string", "description": "a JSON object as a string"}}}}}
-MESSAGE = {"anyOf": [  # by role, as qwen_serve.openai.messages reads them
+MESSAGE = {"anyOf": [  # by role, as qwen_serve.chat.messages reads them
     {"type": "object", "required": ["role", "content"],
      "properties": {"role": {"enum": [r for r in ROLES if r not in ("assistant", "tool")]}, "content": CONTENT,
                     "name": {"type": "string"}, "tool_calls": {"type": "null"}}},

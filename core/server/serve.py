@@ -18,10 +18,10 @@ from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry
 
+from ..chat.format import ChatFormat
 from ..engine.async_engine import ARRIVAL_WINDOW_S, AsyncEngine
-from ..engine.sampling_params import SamplingParams
 from ..errors import QwenServeError
-from ..openai.chat_format import ChatFormat
+from ..sampling.params import SamplingParams
 from .app import ChatServer, ServerInfo, ServerOptions
 from .prometheus import RequestMetrics
 from .request_log import RequestLog, request_logger

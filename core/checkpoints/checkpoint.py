@@ -47,8 +47,8 @@ class Checkpoint:
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    from .gguf_checkpoint import load_gguf
-    from .hf_checkpoint import load_hf_dir
+    from .gguf import load_gguf
+    from .hf import load_hf_dir
 
     p = Path(path).expanduser()
     if p.is_file() and p.suffix == ".gguf":

@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..engine.sampling import StepSampler
-from ..engine.sequence import Sequence
 from ..protocols import Sampler, ScheduledChunk
+from .sequence import Sequence
+from .step_sampler import StepSampler
 
 log = logging.getLogger("qwen_serve.engine")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from ..checkpoints.tokenizer import Tokenizer
 from ..errors import InvalidRequest
-from ..models.tokenizer import Tokenizer
 from .output_parser import ChatOutputParser
 from .reasoning import ThinkState, choose_reasoning_parser
 from .tool_parsers import choose_tool_parser
@@ -54,7 +54,7 @@ class ChatFormat:
 
     def render(self, messages: list[dict[str, Any]], tools: Sequence[Tool] = (), tool_choice: ToolChoice = ToolChoice(),
                template_kwargs: Mapping[str, Any] | None = None, add_generation_prompt: bool = True) -> RenderedChat:
-        """Messages as qwen_serve.openai.messages shapes them; template errors are a 400."""
+        """Messages as qwen_serve.chat.messages shapes them; template errors are a 400."""
         context = dict(template_kwargs or {})
         reserved = [k for k in RESERVED_TEMPLATE_KWARGS if k in context]
         if reserved:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.sequence import Sequence
-from .protocols import DraftVerifying, Proposer
+from ..protocols import DraftVerifying, Proposer
+from .sequence import Sequence
 
 
 class Drafter:

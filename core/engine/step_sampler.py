@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..logits.adjustment import BatchAdjustment, LogitsAdjustment
 from ..logits.pipeline import LogitsPipeline
 from ..protocols import Sampler, SampleResult
+from ..sampling.adjustment import BatchAdjustment, LogitsAdjustment
 from .sequence import Sequence
 
 log = logging.getLogger("qwen_serve.engine")

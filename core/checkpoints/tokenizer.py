@@ -1,5 +1,5 @@
 """Tokenization through the `tokenizers` library, plus the model's chat template
-(qwen_serve.models.chat_template) so a conversation becomes token ids in one call."""
+(qwen_serve.checkpoints.chat_template) so a conversation becomes token ids in one call."""
 from __future__ import annotations
 
 from functools import cached_property, lru_cache

@@ -1,1 +1,0 @@
-"""Speculative decoding: proposers guess the next tokens, one batched forward verifies them."""

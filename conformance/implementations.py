@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwen_serve import LLM
-from qwen_serve.config import EngineConfig, ModelConfig
+from qwen_serve.config import EngineConfig
+from qwen_serve.models.config import ModelConfig
 from qwen_serve.registry import Registry
 
 from .requirements import CONFORMANCE_WINDOW, engine_options_for
@@ -14,7 +15,7 @@ from .requirements import CONFORMANCE_WINDOW, engine_options_for
 # A tiny geometry to build a cache on before any model is loaded, to read what it implements.
 PROBE_GEOMETRY = ModelConfig(architecture="Qwen3ForCausalLM", vocab_size=1000, hidden_size=64, intermediate_size=128,
                              num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=1e6,
-                             rms_norm_eps=1e-6, max_position_embeddings=512, tie_word_embeddings=True, qk_norm=True)
+                             rms_norm_eps=1e-6, max_position_embeddings=512, tie_word_embeddings=True)
 
 
 @dataclass(frozen=True)

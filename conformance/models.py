@@ -48,29 +48,36 @@ def smollm2_gguf() -> Path:
 
 def make_qwen3_checkpoint(directory: Path, geometry: Qwen3Geometry = Qwen3Geometry(), seed: int = 0,
                           dtype: str = "float32", init_std: float = 0.2, sliding_window: int | None = None) -> Path:
-    """Write an HF checkpoint directory with random weights; returns the directory.
+    """Write a random Qwen3 HF checkpoint directory (make_random_checkpoint); returns the directory.
+
+    With sliding_window W every layer attends over the last W positions only (use_sliding_window,
+    max_window_layers 0), and transformers itself is the reference for that attention; the
+    weights are the same as without it for the same seed."""
+    window = {} if sliding_window is None else dict(use_sliding_window=True, sliding_window=sliding_window,
+                                                    max_window_layers=0)
+    return make_random_checkpoint(directory, "qwen3", geometry, seed, dtype, init_std, **window)
+
+
+def make_random_checkpoint(directory: Path, model_type: str, geometry: Qwen3Geometry = Qwen3Geometry(), seed: int = 0,
+                           dtype: str = "float32", init_std: float = 0.2, **config_fields) -> Path:
+    """Write an HF checkpoint directory with random weights of any architecture transformers has
+    (model_type as in config.json: "qwen3", "qwen2", "llama"...), with Qwen's tokenizer and Qwen3's
+    chat template; returns the directory.
 
     init_std 0.2 (not the 0.02 of training init) gives peaked, varied logits, so greedy
-    comparisons test real token choices instead of one token repeated. With sliding_window W
-    every layer attends over the last W positions only (use_sliding_window, max_window_layers 0),
-    and transformers itself is the reference for that attention; the weights are the same as
-    without it for the same seed."""
+    comparisons test real token choices instead of one token repeated."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    window = {} if sliding_window is None else dict(use_sliding_window=True, sliding_window=sliding_window,
-                                                    max_window_layers=0)
     # a vocabulary too small for Qwen's special tokens (check 7's 4 tokens) has none
     specials = (dict(bos_token_id=ENDOFTEXT, eos_token_id=IM_END, pad_token_id=ENDOFTEXT) if geometry.vocab_size > IM_END
                 else dict(bos_token_id=None, eos_token_id=None, pad_token_id=None))
-    config = Qwen3Config(
-        **asdict(geometry), **specials,
-        initializer_range=init_std, torch_dtype=dtype, **window,
-    )
+    config = AutoConfig.for_model(model_type, **asdict(geometry), **specials, initializer_range=init_std,
+                                  torch_dtype=dtype, **config_fields)
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).to(getattr(torch, dtype)).eval()
+    model = AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype)).eval()
     model.save_pretrained(directory, safe_serialization=True)
     (directory / "tokenizer.json").write_bytes(qwen_tokenizer_json_path().read_bytes())
     (directory / "tokenizer_config.json").write_text(json.dumps({

@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from qwen_serve.config import EngineConfig, ModelConfig
+from qwen_serve.config import EngineConfig
+from qwen_serve.models.config import ModelConfig
 
 from .requirements import holds_only_a_window, reserves_ahead
 
@@ -19,7 +20,7 @@ POOL_BLOCKS = 1024
 MAX_LEN = 512
 GEOMETRY = ModelConfig(architecture="Qwen3ForCausalLM", vocab_size=1000, hidden_size=64, intermediate_size=128,
                        num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=1e6, rms_norm_eps=1e-6,
-                       max_position_embeddings=MAX_LEN, tie_word_embeddings=True, qk_norm=True)
+                       max_position_embeddings=MAX_LEN, tie_word_embeddings=True)
 
 
 def test_block_accounting_is_exact(implementation, registry, figure):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
-from .config import ModelConfig
+from .models.config import ModelConfig
 from .sampling.adjustment import BatchAdjustment, LogitsAdjustment
 from .sampling.params import SamplingParams
 

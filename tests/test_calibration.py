@@ -12,13 +12,21 @@ import torch
 from qwen_serve.backends.torch_cpu.backend import TorchBackend
 from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear
 from qwen_serve.backends.torch_cpu.layer_ops import rms_norm
-from qwen_serve.checkpoints.checkpoint import PROJECTIONS, load_checkpoint, projection_weight_name
+from qwen_serve.checkpoints.checkpoint import load_checkpoint
 from qwen_serve.config import EngineConfig
 from qwen_serve.engine.builder import build_engine, measure_importance
 from qwen_serve.protocols import Calibratable
 from qwen_serve.quant import calibration, int4
 from qwen_serve.quant.calibration import record_input_importance
 from qwen_serve.registry import load_registry
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def projection_weight_name(layer: int, projection: str) -> str:
+    """transformers' name of a Llama-family decoder layer's projection."""
+    block = "mlp" if projection in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+    return f"model.layers.{layer}.{block}.{projection}.weight"
 
 
 @pytest.fixture(autouse=True)
@@ -44,8 +52,8 @@ def test_records_each_projections_mean_squared_input(qwen3_tiny):
     layers_before = [(owner, attribute, getattr(owner, attribute)) for _, owner, attribute in model.projections()]
     ids = [5, 17, 300, 2, 9, 41, 7]
     x = torch.tensor(_layer0_input(model, ids))
-    importance = record_input_importance(model, lambda: [model.layers[0].qkv(x), model.layers[0].qkv(x[:3]),
-                                                         model.layers[1].down_proj(torch.ones(2, 128))])
+    importance = record_input_importance(model, lambda: [model.layers[0].mixer.qkv(x), model.layers[0].mixer.qkv(x[:3]),
+                                                         model.layers[1].mlp.down_proj(torch.ones(2, 128))])
     expected = np.mean(np.concatenate([x.numpy(), x[:3].numpy()]) ** 2, axis=0)
     qkv = [projection_weight_name(0, name) for name in ("q_proj", "k_proj", "v_proj")]
     assert sorted(importance) == sorted(qkv + [projection_weight_name(1, "down_proj")])
@@ -57,14 +65,14 @@ def test_records_each_projections_mean_squared_input(qwen3_tiny):
 
 def test_layers_are_put_back_when_the_run_fails(qwen3_tiny):
     model = _float_model(qwen3_tiny)
-    before = model.layers[1].gate_up.linear, model.layers[1].down_proj
+    before = model.layers[1].mlp.gate_up.linear, model.layers[1].mlp.down_proj
 
     def failing_run():
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
         record_input_importance(model, failing_run)
-    assert (model.layers[1].gate_up.linear, model.layers[1].down_proj) == before
+    assert (model.layers[1].mlp.gate_up.linear, model.layers[1].mlp.down_proj) == before
 
 
 def test_the_calibration_run_covers_every_projection_and_matches_layer0_by_hand(qwen3_tiny):
@@ -89,8 +97,8 @@ def test_int4_engines_quantize_with_the_measured_importance(qwen3_tiny):
                                     EngineConfig(kv_blocks=64))
     name = projection_weight_name(1, "gate_proj")
     weight = dict(checkpoint.tensors("numpy"))[name]
-    calibrated = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64).executor.layers[1].gate_up.linear
-    plain = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64, calibrate=False).executor.layers[1].gate_up.linear
+    calibrated = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64).executor.layers[1].mlp.gate_up.linear
+    plain = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64, calibrate=False).executor.layers[1].mlp.gate_up.linear
     assert isinstance(calibrated, Int4Linear)
     rows = weight.shape[0]  # gate_proj's rows come first in the merged gate/up layer
     expected = int4.quantize(weight, importance[name])
@@ -106,11 +114,11 @@ def test_a_short_max_seq_len_still_calibrates(qwen3_tiny):
     importance = measure_importance(TorchBackend(), checkpoint, "float32", load_registry().kv_cache_factory("paged"), config)
     assert len(importance) == checkpoint.config.num_layers * len(PROJECTIONS)
     parts = build_engine(str(qwen3_tiny), quant="int4", kv_blocks=64, max_seq_len=20)
-    assert isinstance(parts.executor.layers[0].qkv.linear, Int4Linear)
+    assert isinstance(parts.executor.layers[0].mixer.qkv.linear, Int4Linear)
     # with room for no token before the one generated, there is nothing to read: no calibration
     assert measure_importance(TorchBackend(), checkpoint, "float32", load_registry().kv_cache_factory("paged"),
                               EngineConfig(kv_blocks=64, max_seq_len=1)) is None
-    assert isinstance(build_engine(str(qwen3_tiny), quant="int4", max_seq_len=1).executor.layers[0].qkv.linear, Int4Linear)
+    assert isinstance(build_engine(str(qwen3_tiny), quant="int4", max_seq_len=1).executor.layers[0].mixer.qkv.linear, Int4Linear)
 
 
 class CountingTorchBackend(TorchBackend):
@@ -164,5 +172,5 @@ def test_non_finite_inputs_give_no_importance(qwen3_tiny):
     model = _float_model(qwen3_tiny)
     x = torch.ones(2, 64)
     x[0, 3] = float("inf")
-    importance = record_input_importance(model, lambda: [model.layers[0].qkv(x), model.layers[0].down_proj(torch.ones(2, 128))])
+    importance = record_input_importance(model, lambda: [model.layers[0].mixer.qkv(x), model.layers[0].mlp.down_proj(torch.ones(2, 128))])
     assert sorted(importance) == [projection_weight_name(0, "down_proj")]

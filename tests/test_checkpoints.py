@@ -31,7 +31,8 @@ def test_gguf_config_matches_transformers(smollm2_path):
     ref = hf_model(smollm2_path).config
     assert (ours.num_layers, ours.hidden_size, ours.num_heads, ours.num_kv_heads, ours.vocab_size) == (
         ref.num_hidden_layers, ref.hidden_size, ref.num_attention_heads, ref.num_key_value_heads, ref.vocab_size)
-    assert ours.tie_word_embeddings and not ours.qk_norm and ours.rope_theta == 100000.0
+    assert ours.tie_word_embeddings and ours.rope_theta == 100000.0
+    assert not any(layer.mixer.qk_norm for layer in ours.layers)  # Llama: no per-head q/k norm
 
 
 def test_gguf_chat_template_renders_like_transformers(smollm2_path):
@@ -85,5 +86,5 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path, qwen3_tiny):
     cfg = json.loads((qwen3_tiny / "config.json").read_text())
     cfg["architectures"] = ["MixtralForCausalLM"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="unsupported architecture 'MixtralForCausalLM'"):
+    with pytest.raises(ModelLoadError, match="unsupported architecture 'MixtralForCausalLM'"):
         load_checkpoint(tmp_path)

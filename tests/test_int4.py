@@ -242,8 +242,8 @@ def test_int4_load_quantizes_projections_and_keeps_one_int8_table(qwen3_tiny):
 def test_widths_that_are_not_whole_groups_stay_float(qwen3_untied):
     model = TorchBackend().load_model(load_checkpoint(qwen3_untied), "float32", "int4")
     layer = model.layers[0]
-    assert isinstance(layer.qkv.linear, DenseLinear)  # input width 96
-    assert isinstance(layer.down_proj, Int4Linear)  # input width 192 = 3 groups
+    assert isinstance(layer.mixer.qkv.linear, DenseLinear)  # input width 96
+    assert isinstance(layer.mlp.down_proj, Int4Linear)  # input width 192 = 3 groups
     assert isinstance(model.lm_head, Int8Linear) and model.lm_head is not model.embed
 
 
@@ -279,7 +279,7 @@ def test_int4_model_equals_transformers_on_the_dequantized_weights(qwen3_tiny, m
     for linear in llm.parts.executor.linears():
         if hasattr(linear, "plan"):
             linear.plan = PathPlan(tuple(p.replace("tiles_bf16", "tiles_f32") for p in linear.plan.paths))
-    kernels = llm.parts.executor.layers[0].qkv.linear.kernels
+    kernels = llm.parts.executor.layers[0].mixer.qkv.linear.kernels
     int8_activations = kernels is not None and kernels.isa == "avx512" and kernels.vnni
     # int8 activations: ~0.6% relative error per matmul, up to 0.047 on this model's top-5 logprobs
     tolerance = 0.06 if int8_activations else 1e-2

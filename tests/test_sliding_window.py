@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from qwen_serve import LLM, SamplingParams
-from qwen_serve.config import ModelConfig
 from qwen_serve.conformance.models import Qwen3Geometry, make_qwen3_checkpoint
 from qwen_serve.conformance.reference import hf_greedy
 from qwen_serve.kv.memory import blocks_spanned
+from qwen_serve.models import model_config_from_hf
 from qwen_serve.plugins.sliding_window.cache import SlidingWindowKVCache
 from qwen_serve.protocols import Forking, KVCache, PrefixCaching, SlidingWindow
 from qwen_serve.server.memory_plan import format_memory_plan
@@ -198,13 +198,13 @@ def test_memory_stays_flat_while_the_context_grows(full_qwen3):
 def test_declared_windows_are_read_by_transformers_rule():
     base = dict(architectures=["Qwen3ForCausalLM"], vocab_size=10, hidden_size=8, intermediate_size=8,
                 num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1)
-    assert ModelConfig.from_hf_config(dict(base, sliding_window=16)).sliding_window is None  # not used
+    assert model_config_from_hf(dict(base, sliding_window=16)).sliding_window is None  # not used
     cfg = dict(base, use_sliding_window=True, sliding_window=16, max_window_layers=0)
-    assert ModelConfig.from_hf_config(cfg).sliding_window == 16
+    assert model_config_from_hf(cfg).sliding_window == 16
     layer_types = dict(base, use_sliding_window=True, sliding_window=16, layer_types=["sliding_attention"] * 4)
-    assert ModelConfig.from_hf_config(layer_types).sliding_window == 16
+    assert model_config_from_hf(layer_types).sliding_window == 16
     with pytest.raises(ValueError, match="hybrid attention is not supported: 2 of 4 layers"):
-        ModelConfig.from_hf_config(dict(base, use_sliding_window=True, sliding_window=16, max_window_layers=2))
+        model_config_from_hf(dict(base, use_sliding_window=True, sliding_window=16, max_window_layers=2))
 
 
 def test_window_mismatches_are_refused(windowed_qwen3, full_qwen3):

@@ -364,7 +364,8 @@ def _fused_equals_per_op(path, monkeypatch, **options) -> None:
 
 
 def _norms(model) -> list[torch.Tensor]:
-    layers = [t for layer in model.layers for t in (layer.input_norm, layer.post_norm, layer.q_norm, layer.k_norm)]
+    layers = [t for layer in model.layers
+              for t in (layer.input_norm, layer.post_norm, layer.mixer.q_norm, layer.mixer.k_norm)]
     return [t for t in layers if t is not None] + [model.norm]
 
 

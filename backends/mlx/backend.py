@@ -10,9 +10,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from qwen_serve.checkpoints.checkpoint import TABLE_NAMES, Checkpoint
-from qwen_serve.config import ModelConfig
+from qwen_serve.checkpoints.checkpoint import Checkpoint
 from qwen_serve.errors import require_choice
+from qwen_serve.models.config import ModelConfig
+from qwen_serve.models.weights import TABLE_NAMES
 from qwen_serve.quant import int4
 
 from .blas import REFERENCE

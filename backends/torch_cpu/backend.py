@@ -16,10 +16,11 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from qwen_serve.checkpoints.checkpoint import TABLE_NAMES, Checkpoint
-from qwen_serve.config import ModelConfig
+from qwen_serve.checkpoints.checkpoint import Checkpoint
 from qwen_serve.errors import require_choice
 from qwen_serve.heap import return_free_heap
+from qwen_serve.models.config import ModelConfig
+from qwen_serve.models.weights import TABLE_NAMES
 from qwen_serve.quant import int4
 
 from .int4_linear import Int4Linear, Int8Linear, quantizable

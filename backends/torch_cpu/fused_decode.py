@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .decoder_layer import AttentionLayer, DenseMLPLayer
 from .int4_linear import Int4Linear
 from .linear import DenseLinear
 from .native import Kernels
@@ -28,13 +29,16 @@ class FusedDecode:
         self.weights = []
         for layer in layers:
             qkv, o, gate_up, down = (_blocks(linear, none) for linear in layer.linears())
-            self.weights += [layer.input_norm, *qkv, none if layer.q_norm is None else layer.q_norm,
-                             none if layer.k_norm is None else layer.k_norm, *o, layer.post_norm, *gate_up, *down]
+            q_norm, k_norm = (none if t is None else t for t in (layer.mixer.q_norm, layer.mixer.k_norm))
+            self.weights += [layer.input_norm, *qkv, q_norm, k_norm, *o, layer.post_norm, *gate_up, *down]
 
     @classmethod
     def for_layers(cls, layers: list, kernels: Kernels | None) -> "FusedDecode | None":
-        """The fused path when every projection is a blocked int4 or bf16 layer without bias, else None."""
+        """The fused path when every layer is attention + dense MLP (what the op computes) and every
+        projection a blocked int4 or bf16 layer without bias, else None."""
         if kernels is None or kernels.isa != "avx512":
+            return None
+        if not all(type(layer.mixer) is AttentionLayer and type(layer.mlp) is DenseMLPLayer for layer in layers):
             return None
         for layer in layers:
             for linear in layer.linears():

@@ -13,20 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..config import ModelConfig
 from ..errors import ModelLoadError
+from ..models.config import ModelConfig
 from .tokenizer import Tokenizer
-
-# The vocabulary-sized matrices: the embedding and (when not tied to it) the output head.
-TABLE_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
-# The linear layers of each decoder layer, by their attribute names in transformers' models.
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def projection_weight_name(layer: int, projection: str) -> str:
-    """The tensor name of a decoder layer's projection, e.g. model.layers.3.mlp.up_proj.weight."""
-    block = "mlp" if projection in ("gate_proj", "up_proj", "down_proj") else "self_attn"
-    return f"model.layers.{layer}.{block}.{projection}.weight"
 
 
 @dataclass

@@ -12,13 +12,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..config import ModelConfig
 from ..errors import ModelLoadError
+from ..models import architecture_for_gguf
+from ..models.architecture import read_model_config
 from .checkpoint import Checkpoint
 from .gguf_tokenizer import gguf_fields, tokenizer_from_gguf
 from .tokenizer import Tokenizer
-
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -49,7 +48,8 @@ def load_gguf(path: Path) -> Checkpoint:
     except Exception as exc:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})") from exc
     fields = gguf_fields(reader)
-    config = gguf_model_config(fields, {t.name for t in reader.tensors}, name=path.stem)
+    architecture = architecture_for_gguf(fields.get("general.architecture"))
+    config = read_model_config(architecture, hf_config(fields, {t.name for t in reader.tensors}), name=path.stem)
     tok = tokenizer_from_gguf(fields)
     tokens = fields.get("tokenizer.ggml.tokens", [])
 
@@ -72,7 +72,7 @@ def load_gguf(path: Path) -> Checkpoint:
         for tensor in stored:
             name = hf_tensor_name(tensor.name)
             array = dequantize(tensor)
-            if config.architecture == "LlamaForCausalLM" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            if architecture.gguf_rope_permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = config.num_heads if "q_proj" in name else config.num_kv_heads
                 array = unpermute_rope_rows(array, heads)
             yield name, array
@@ -80,10 +80,9 @@ def load_gguf(path: Path) -> Checkpoint:
     return Checkpoint(path=path, format="gguf", config=config, tokenizer=tokenizer, _tensors=tensors)
 
 
-def gguf_model_config(fields: dict[str, Any], tensor_names: set[str], name: str) -> ModelConfig:
-    arch = fields.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise ModelLoadError(f"GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
+def hf_config(fields: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
+    """GGUF metadata under config.json's keys, so one reader per architecture serves both formats."""
+    arch = fields["general.architecture"]
 
     def get(key: str, default: Any = None) -> Any:
         value = fields.get(f"{arch}.{key}", default)
@@ -93,25 +92,21 @@ def gguf_model_config(fields: dict[str, Any], tensor_names: set[str], name: str)
 
     hidden = get("embedding_length")
     heads = get("attention.head_count")
-    eos = fields.get("tokenizer.ggml.eos_token_id")
-    return ModelConfig(
-        architecture=ARCHITECTURES[arch],
-        vocab_size=fields.get(f"{arch}.vocab_size") or len(fields["tokenizer.ggml.tokens"]),
-        hidden_size=hidden,
-        intermediate_size=get("feed_forward_length"),
-        num_layers=get("block_count"),
-        num_heads=heads,
-        num_kv_heads=get("attention.head_count_kv", heads),
-        head_dim=get("attention.key_length", hidden // heads),
-        rope_theta=float(get("rope.freq_base", 10000.0)),
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
-        max_position_embeddings=get("context_length"),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        qk_norm=arch == "qwen3",
-        eos_token_ids=() if eos is None else (eos,),
-        bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
-        name=name,
-    )
+    return {
+        "vocab_size": fields.get(f"{arch}.vocab_size") or len(fields["tokenizer.ggml.tokens"]),
+        "hidden_size": hidden,
+        "intermediate_size": get("feed_forward_length"),
+        "num_hidden_layers": get("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": get("attention.head_count_kv", heads),
+        "head_dim": get("attention.key_length", hidden // heads),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
+        "max_position_embeddings": get("context_length"),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "eos_token_id": fields.get("tokenizer.ggml.eos_token_id"),
+        "bos_token_id": fields.get("tokenizer.ggml.bos_token_id"),
+    }
 
 
 def hf_tensor_name(gguf_name: str) -> str:

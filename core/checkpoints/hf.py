@@ -8,14 +8,14 @@ from typing import Any, Iterator
 import tokenizers
 from safetensors import safe_open
 
-from ..config import ModelConfig
 from ..errors import ModelLoadError
+from ..models import model_config_from_hf
 from .checkpoint import Checkpoint, read_json
 from .tokenizer import Tokenizer
 
 
 def load_hf_dir(path: Path) -> Checkpoint:
-    config = ModelConfig.from_hf_config(read_json(path / "config.json"), name=path.name)
+    config = model_config_from_hf(read_json(path / "config.json"), name=path.name)
     generation = path / "generation_config.json"
     if generation.exists():
         eos = read_json(generation).get("eos_token_id")

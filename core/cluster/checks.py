@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..checkpoints.checkpoint import Checkpoint
-from ..config import ModelConfig
 from ..engine.engine import Engine
+from ..models.config import ModelConfig
 from ..registry import Registry
 from .spec import ModelSpec
 

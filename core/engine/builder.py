@@ -10,8 +10,9 @@ import numpy as np
 from ..checkpoints.checkpoint import Checkpoint, load_checkpoint
 from ..checkpoints.default_model import default_model_path
 from ..checkpoints.tokenizer import Tokenizer
-from ..config import EngineConfig, ModelConfig
+from ..config import EngineConfig
 from ..kv.window import check_attention_window, with_declared_window
+from ..models.config import ModelConfig
 from ..protocols import Backend, Calibratable, ChoosesKVDtype, KVCache, KVStorage, ModelExecutor
 from ..quant.calibration import (
     calibration_token_lists,

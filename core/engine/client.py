@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import AsyncGenerator, Protocol, Sequence
 
-from ..config import ModelConfig
+from ..models.config import ModelConfig
 from ..sampling.params import SamplingParams
 from .engine import RequestOutput
 from .stats import EngineSnapshot

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from typing import Sequence as Seq
 
 from ..checkpoints.tokenizer import Tokenizer
-from ..config import EngineConfig, ModelConfig
+from ..config import EngineConfig
 from ..errors import InvalidRequest
 from ..logits.pipeline import LogitsPipeline
 from ..logits.plugin import builtin_logits_processors
+from ..models.config import ModelConfig
 from ..protocols import Forking, KVCache, LogitsProcessor, ModelExecutor, PrefixCaching, Proposer, Rewinding, Sampler
 from ..sampling.params import SamplingParams
 from . import verification

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..config import sliding_window_layers
+from ..models.architecture import sliding_window_layers
 from .memory import KVFormat, kv_bytes_at
 
 
@@ -77,7 +77,7 @@ class KVGeometry:
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any], name: str) -> "KVGeometry":
         """Geometry of a config.json (Qwen2/Qwen3/Llama keys; hybrid window layouts counted by
-        transformers' rule, qwen_serve.config.sliding_window_layers)."""
+        transformers' rule, qwen_serve.models.architecture.sliding_window_layers)."""
         if "text_config" in cfg:  # multimodal wrappers keep the decoder's keys one level down
             cfg = {**cfg, **cfg["text_config"]}
         heads = cfg["num_attention_heads"]

@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..config import EngineConfig, ModelConfig
+from ..config import EngineConfig
+from ..models.config import ModelConfig
 from ..protocols import SlidingWindow
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import ModelConfig
 from ..errors import InvalidRequest
+from ..models.config import ModelConfig
 from ..protocols import LogitsRequest
 from ..sampling.adjustment import LogitsAdjustment
 from ..sampling.params import SamplingParams

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from ..checkpoints.tokenizer import Tokenizer
-from ..config import ModelConfig
 from ..hookspecs import hookimpl
+from ..models.config import ModelConfig
 from ..protocols import LogitsProcessor
 from .penalties import LogitBias, MinTokens, Penalties
 from .structured import StructuredOutputs

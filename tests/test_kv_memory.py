@@ -1,4 +1,4 @@
-"""KV memory arithmetic (SPEC §8) and `qwen-serve kv-table`: the SPEC's figures exactly, a
+"""KV memory arithmetic and `qwen-serve kv-table`: the published figures exactly, a
 config.json of another geometry (hybrid sliding window), budgets, and one-line errors. Every
 expected number is worked out here from the formula by hand, not taken from the code."""
 from __future__ import annotations
@@ -78,12 +78,12 @@ def test_family_geometries_and_weights(capsys):
     assert {name: (m["layers"], m["heads"], m["kv_heads"], m["head_dim"]) for name, m in models.items()} == {
         "Qwen3-0.6B": (28, 16, 8, 128), "Qwen3-1.7B": (28, 16, 8, 128), "Qwen3-4B": (36, 32, 8, 128),
         "Qwen3-8B": (36, 32, 8, 128), "Qwen3-14B": (40, 40, 8, 128), "Qwen3-32B": (64, 64, 8, 128)}
-    assert models["Qwen3-4B"]["bytes_per_token"] == models["Qwen3-8B"]["bytes_per_token"]  # SPEC §8
+    assert models["Qwen3-4B"]["bytes_per_token"] == models["Qwen3-8B"]["bytes_per_token"]  # same layers, KV heads and head_dim
     # Qwen3-0.6B's parameters by hand: tied embedding, 28 layers, q/k norms
     h, v, layers = 1024, 151936, 28
     per_layer = h * 2048 + 2 * h * 1024 + 2048 * h + 3 * h * 3072 + 2 * h + 2 * 128
     params = v * h + layers * per_layer + h
-    assert models["Qwen3-0.6B"]["parameters"] == params and params // 10**6 == 596  # SPEC: 596M
+    assert models["Qwen3-0.6B"]["parameters"] == params and params // 10**6 == 596  # Qwen3-0.6B: 596M parameters
     assert round(models["Qwen3-8B"]["parameters"] / 1e9, 1) == 8.2  # the model card's 8.2B
 
 

@@ -1,4 +1,4 @@
-"""The sampling fields of SamplingParams (SPEC §10): each changes output as documented, the
+"""The sampling fields of SamplingParams: each changes output as documented, the
 numbers agree with their definitions (transformers for the repetition penalty), both backends
 apply the same adjustment, and a plugin can add its own processor through the hook."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""n > 1 (SPEC §10): the prompt is prefilled once and the choices fork its KV blocks with
+"""n > 1: the prompt is prefilled once and the choices fork its KV blocks with
 copy-on-write; choice i of seed s equals a single request with seed s + i; every block comes back
 after finishing or aborting; preemption and a cache that cannot fork change nothing."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The sampler's contract (SPEC §3): fixed filter order, per-request generator seeded once."""
+"""The sampler's contract: fixed filter order, per-request generator seeded once."""
 from __future__ import annotations
 
 import pytest

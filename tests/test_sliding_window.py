@@ -1,4 +1,4 @@
-"""The sliding-window KV cache plugin (qwen_serve.plugins.sliding_window): the ring of SPEC §8,
+"""The sliding-window KV cache plugin (qwen_serve.plugins.sliding_window): the ring of blocks,
 block accounting under random workloads, greedy equality with transformers' own sliding-window
 Qwen3 past the window on both backends, memory that stays flat while the context grows, and how
 a checkpoint's declared window and --kv-window pick (or refuse) a cache."""

@@ -1,4 +1,4 @@
-"""Speculative decoding (SPEC §11): the n-gram proposer, rewinding the KV caches, and the
+"""Speculative decoding: the n-gram proposer, rewinding the KV caches, and the
 engine's promise that greedy output is the same with and without speculation, across prefix
 hits and preemption, without losing a block to a rejected draft."""
 from __future__ import annotations

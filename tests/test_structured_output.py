@@ -1,4 +1,4 @@
-"""Structured output (SPEC §10) on SmolLM2: sampled outputs parse and validate against their
+"""Structured output on SmolLM2: sampled outputs parse and validate against their
 schema, tool calls are Hermes blocks of an offered tool, constrained and free requests share a
 batch without changing each other, the mask waits for after_token_id, and a schema the grammar
 library cannot compile is an InvalidRequest naming the part."""

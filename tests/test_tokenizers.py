@@ -159,7 +159,7 @@ def test_add_bos_token_flag(smollm_fields):
 
 # --- Qwen ------------------------------------------------------------------------------------
 
-# From SPEC §6, written out here so the test does not share constants with the code.
+# The published token ids, written out here so the test does not share constants with the code.
 QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN_ADDED = {

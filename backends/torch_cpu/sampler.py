@@ -1,4 +1,4 @@
-"""Sampling in the fixed order of SPEC §10: the logits processors' adjustment (penalties, biases,
+"""Sampling in a fixed order: the logits processors' adjustment (penalties, biases,
 grammar masks) on the whole batch at once, then temperature 0 -> argmax; otherwise logits / T ->
 top-k -> softmax -> top-p (at least one token kept) -> min-p -> one draw from the request's own
 generator."""

@@ -1,4 +1,4 @@
-"""`qwen-serve kv-table`: the KV-cache memory arithmetic of SPEC §8 as a command.
+"""`qwen-serve kv-table`: the KV-cache memory arithmetic as a command.
 
     qwen-serve kv-table                                   # the Qwen3 family, 4k and 32k contexts
     qwen-serve kv-table Qwen3-8B path/to/config.json --context 4096 32768 --budget 16GiB
@@ -122,7 +122,7 @@ class OneLineErrors(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineErrors(prog="qwen-serve kv-table", description="KV-cache memory arithmetic (SPEC §8).")
+    p = OneLineErrors(prog="qwen-serve kv-table", description="KV-cache memory arithmetic.")
     p.add_argument("models", nargs="*", help="built-in Qwen3 sizes (default: all) or config.json paths")
     p.add_argument("--context", nargs="+", type=parse_context, default=[4096, 32768],
                    help="context lengths in tokens (default: 4096 32768)")

@@ -1,4 +1,4 @@
-"""KV-cache memory arithmetic (SPEC §8), the one copy of it: the start-up memory plan, every
+"""KV-cache memory arithmetic, the one copy of it: the start-up memory plan, every
 backend's KV storage, the int8 cache and `qwen-serve kv-table` all count bytes here.
 
     KV bytes per token = 2 (K and V) x layers x kv heads x (head_dim x element bytes + scale bytes)

@@ -17,7 +17,7 @@ from ..sampling.params import SamplingParams
 from .sampling_fields import parse_sampling
 from .structured import ResponseFormat, parse_response_format
 
-DEFAULT_MAX_TOKENS = 256  # chat completions (SPEC §4)
+DEFAULT_MAX_TOKENS = 256  # chat completions without max_tokens
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # legacy completions, as OpenAI
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
 

@@ -1,4 +1,4 @@
-"""The canonical int4 weight format, shared by every backend (SPEC §3 "int4 weights").
+"""The canonical int4 weight format, shared by every backend.
 
 Asymmetric group quantization along the input axis, GROUP = 64 weights per group:
 

@@ -2,7 +2,7 @@
 
 A LogitsAdjustment is one row's change; the engine merges a batch's rows into one BatchAdjustment
 of flat (row, token) arrays, so a backend applies the whole batch in three vector operations
-(SPEC §10's first two stages), whatever mix of settings the rows have:
+(the sampling rule's first two stages), whatever mix of settings the rows have:
 
 1. penalties: ``logits[row, id]`` divided by its factor where >= 0, multiplied where < 0
    (the CTRL / transformers repetition penalty, same arithmetic);

@@ -1,7 +1,7 @@
 """Per-request generation settings, validated once at construction.
 
 The same fields serve the HTTP API (qwen_serve.openai maps request JSON onto them) and the
-offline LLM API. The order in which they act on a row of logits is fixed (SPEC §10): logit_bias
+offline LLM API. The order in which they act on a row of logits is fixed: logit_bias
 and penalties, then the grammar mask of ``structured``, then temperature, top-k, softmax, top-p,
 min-p, and the draw from the request's own generator.
 """

@@ -1,4 +1,4 @@
-"""Command line: `python -m qwen_serve [flags]` (SPEC §5). Errors are one line, exit code 2.
+"""Command line: `python -m qwen_serve [flags]`. Errors are one line, exit code 2.
 
 ``qwen-serve COMMAND ...`` runs another tool instead of the server: COMMANDS maps each name to
 the module whose ``main(argv) -> int`` it runs, imported only when chosen, so a tool's

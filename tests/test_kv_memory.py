@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from qwen_serve.kv.kv_table import main
 from qwen_serve.kv.memory import blocks_spanned, format_bytes, kv_bytes_per_token
+from qwen_serve.server.kv_table import main
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 

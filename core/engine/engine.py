@@ -22,6 +22,7 @@ from .detokenizer import IncrementalDetokenizer
 from .drafting import Drafter
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .stats import EngineStats
 from .step_sampler import StepSampler
 
 log = logging.getLogger("qwen_serve.engine")
@@ -39,18 +40,6 @@ class RequestOutput:
     new_logprobs: list[dict[int, float] | None] = field(default_factory=list)
     index: int = 0  # which of the request's n choices (SamplingParams.n) this output belongs to
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (set on the final output)
-
-
-@dataclass
-class EngineStats:
-    """Counters since start; the server turns them into /metrics."""
-
-    requests_total: int = 0
-    prefill_tokens_total: int = 0
-    decode_tokens_total: int = 0
-    steps_total: int = 0
-    draft_tokens_total: int = 0  # proposals verified (speculative decoding)
-    accepted_draft_tokens_total: int = 0  # of those, the ones kept
 
 
 class Engine:

@@ -1,5 +1,5 @@
-"""What the engine thread publishes for the server to read: an immutable snapshot after every
-step, the generated-token rate over a sliding window, and each request's timeline (a
+"""What the engine thread publishes for the server to read: its counters, an immutable snapshot
+after every step, the generated-token rate over a sliding window, and each request's timeline (a
 RequestRecord handed to RequestObservers)."""
 from __future__ import annotations
 
@@ -7,6 +7,18 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+
+@dataclass
+class EngineStats:
+    """Counters since start; the server turns them into /metrics."""
+
+    requests_total: int = 0
+    prefill_tokens_total: int = 0
+    decode_tokens_total: int = 0
+    steps_total: int = 0
+    draft_tokens_total: int = 0  # proposals verified (speculative decoding)
+    accepted_draft_tokens_total: int = 0  # of those, the ones kept
 
 
 class ThroughputWindow:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 DEFAULTS = EngineConfig()
 COMMANDS: dict[str, str] = {  # subcommand name -> module with main(argv)
     "bench": "qwen_serve.bench.cli",
-    "kv-table": "qwen_serve.kv.kv_table",
+    "kv-table": "qwen_serve.server.kv_table",
     "ray": "qwen_serve.cluster.cli",
 }
 

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .geometry import QWEN3_FAMILY, WEIGHT_BYTES, KVGeometry
-from .memory import BFLOAT16, FLOAT32, INT8, INT8_WITHOUT_SCALES, format_bytes, sequences_that_fit
+from ..kv.geometry import QWEN3_FAMILY, WEIGHT_BYTES, KVGeometry
+from ..kv.memory import BFLOAT16, FLOAT32, INT8, INT8_WITHOUT_SCALES, format_bytes, sequences_that_fit
 
 FORMATS = {"float32": FLOAT32, "bfloat16": BFLOAT16, "int8": INT8, "int8_without_scales": INT8_WITHOUT_SCALES}
 HEADERS = {"float32": "fp32", "bfloat16": "bf16", "int8": "int8 + scales", "int8_without_scales": "int8, no scales",

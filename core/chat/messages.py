@@ -1,4 +1,5 @@
-"""Chat messages: validated strictly, then shaped the way chat templates expect them.
+"""Chat messages: declared by role, validated strictly, then shaped the way chat templates
+expect them.
 
 What a template receives matches what vLLM hands transformers: text content as one string (an
 assistant turn that only calls tools gets ""), ``developer`` turns as ``system``, and each
@@ -8,89 +9,99 @@ template prints a mapping with ``tojson`` and a string as is; other templates it
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AfterValidator, Discriminator, Field, Tag, TypeAdapter, model_validator
 
 from ..errors import InvalidRequest
-from .fields import load_json, string
+from .validation import Body, load_json, validate
 
-ROLES = ("system", "user", "assistant", "developer", "tool")
+
+class TextPart(Body):
+    type: Literal["text"]
+    text: str
+
+
+def _joined(content: str | list[TextPart]) -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+def _content_form(value: Any) -> str | None:
+    return "text" if isinstance(value, str) else "parts" if isinstance(value, list) else None
+
+
+Content = Annotated[
+    Union[Annotated[str, Tag("text")], Annotated[list[TextPart], Tag("parts")]],
+    Discriminator(_content_form, custom_error_type="content_type",
+                  custom_error_message="must be a string or an array of text parts"),
+    AfterValidator(_joined)]
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = load_json(text, "the arguments")
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"must be a JSON object as a string ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest("must be a JSON object as a string")
+    return value
+
+
+class FunctionCall(Body):
+    name: str = Field(min_length=1)
+    arguments: Annotated[str, AfterValidator(_json_object)] = Field(description="a JSON object as a string")
+
+
+class ToolCall(Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class _Message(Body):
+    name: str | None = None
+
+
+class PlainMessage(_Message):
+    role: Annotated[Literal["system", "user", "developer"],
+                    AfterValidator(lambda role: "system" if role == "developer" else role)]
+    content: Content
+    tool_calls: None = None
+
+
+class AssistantMessage(_Message):
+    role: Literal["assistant"]
+    content: Content | None = Field(None, description="may be left out when tool_calls are given")
+    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
+
+    @model_validator(mode="after")
+    def _says_something(self) -> AssistantMessage:
+        if not self.tool_calls:
+            self.tool_calls = None
+            if self.content is None:
+                raise InvalidRequest("is required unless the message has tool_calls", param="content")
+        elif self.content is None:
+            self.content = ""
+        return self
+
+
+class ToolMessage(_Message):
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: str
+    tool_calls: None = None
+
+
+def _shaped(messages: list[_Message]) -> list[dict[str, Any]]:
+    return [m.model_dump(exclude_none=True, warnings=False) for m in messages]  # arguments: parsed
+
+
+Message = Annotated[Union[PlainMessage, AssistantMessage, ToolMessage], Field(discriminator="role")]
+Messages = Annotated[list[Message], Field(min_length=1), AfterValidator(_shaped)]
+_MESSAGES = TypeAdapter(Messages)
 
 
 def parse_messages(value: Any) -> list[dict[str, Any]]:
-    if not isinstance(value, list) or not value:
-        raise InvalidRequest("'messages' must be a non-empty array", param="messages")
-    return [_message(m, f"messages[{i}]") for i, m in enumerate(value)]
-
-
-def _message(message: Any, where: str) -> dict[str, Any]:
-    if not isinstance(message, dict):
-        raise InvalidRequest(f"'{where}' must be an object", param=where)
-    role = message.get("role")
-    if role not in ROLES:
-        raise InvalidRequest(f"'{where}.role' must be one of {', '.join(ROLES)}", param=f"{where}.role")
-    out: dict[str, Any] = {"role": "system" if role == "developer" else role}
-    tool_calls = _tool_calls(message.get("tool_calls"), f"{where}.tool_calls") if role == "assistant" else None
-    if role != "assistant" and message.get("tool_calls") is not None:
-        raise InvalidRequest(f"'{where}.tool_calls' is only allowed on assistant messages", param=f"{where}.tool_calls")
-    content = message.get("content")
-    if content is None and role == "assistant" and tool_calls:
-        out["content"] = ""
-    else:
-        out["content"] = text_content(content, f"{where}.content")
-    if tool_calls:
-        out["tool_calls"] = tool_calls
-    name = string(message, "name", where)
-    if name is not None:
-        out["name"] = name
-    if role == "assistant":
-        reasoning = string(message, "reasoning_content", where)
-        if reasoning is not None:
-            out["reasoning_content"] = reasoning
-    if role == "tool":
-        out["tool_call_id"] = string(message, "tool_call_id", where, required=True)
-    return out
-
-
-def text_content(content: Any, field: str) -> str:
-    """A string, or an array of text parts joined into one."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise InvalidRequest(f"'{field}': only text parts are supported", param=field)
-            parts.append(part["text"])
-        return "".join(parts)
-    raise InvalidRequest(f"'{field}' must be a string or an array of text parts", param=field)
-
-
-def _tool_calls(value: Any, where: str) -> list[dict[str, Any]] | None:
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise InvalidRequest(f"'{where}' must be an array", param=where)
-    return [_tool_call(call, f"{where}[{i}]") for i, call in enumerate(value)]
-
-
-def _tool_call(call: Any, where: str) -> dict[str, Any]:
-    if not isinstance(call, dict):
-        raise InvalidRequest(f"'{where}' must be an object", param=where)
-    call_id = string(call, "id", where, required=True)
-    if call.get("type") not in (None, "function"):
-        raise InvalidRequest(f"'{where}.type' must be \"function\"", param=f"{where}.type")
-    function = call.get("function")
-    if not isinstance(function, dict):
-        raise InvalidRequest(f"'{where}.function' must be an object", param=f"{where}.function")
-    name = string(function, "name", f"{where}.function", required=True)
-    if not name:
-        raise InvalidRequest(f"'{where}.function.name' must not be empty", param=f"{where}.function.name")
-    arguments_text = string(function, "arguments", f"{where}.function", required=True)
-    field = f"{where}.function.arguments"
-    try:
-        arguments = load_json(arguments_text, f"'{field}'", param=field)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"'{field}' must be a JSON object as a string ({exc.msg})", param=field) from None
-    if not isinstance(arguments, dict):
-        raise InvalidRequest(f"'{field}' must be a JSON object as a string", param=field)
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    """A conversation as the template takes it (for LLM.chat; requests validate it as a field)."""
+    return validate(_MESSAGES, value, "messages")

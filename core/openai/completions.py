@@ -32,7 +32,7 @@ class Completions:
         refusal = served.refuse_model(req.model)
         if refusal is not None:
             return refusal
-        prompts = [served.tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts]
+        prompts = [served.tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompt]
         n = req.params.n
         tally = ReplyTally(new_completion_id("cmpl"), len(prompts) * n, sum(len(p) for p in prompts), arrival)
         # Every prompt is validated before any of them is queued.

@@ -1,176 +1,238 @@
-"""The request schema of every endpoint: parse and validate a body into one frozen request.
+"""The request schema of every route, declared once as pydantic models: their validation is the
+server's, and GET /openapi.json is generated from them (qwen_serve.server.openapi).
 
-The pieces live beside this file (messages, tools, structured output, sampling fields, typed
-field readers); here each endpoint's body is put together from them. Every rejection is an
-InvalidRequest naming the field (HTTP 400).
+Messages and tools are declared in qwen_serve.chat (the offline LLM validates them too),
+response_format in .structured; the rules between fields are the models' own validators.
+Every rejection is an InvalidRequest naming the field (HTTP 400).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import fields
+from typing import Annotated, Any, Literal, Union
 
-from ..chat.fields import boolean, integer, mapping, parse_json_object, string, token_ids
-from ..chat.messages import parse_messages
-from ..chat.tools import Tool, ToolChoice, parse_tool_choice, parse_tools
+from pydantic import (
+    AfterValidator,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationInfo,
+    WithJsonSchema,
+    model_validator,
+)
+
+from ..chat.messages import Messages
+from ..chat.tools import ToolChoiceField, Tools
+from ..chat.validation import Body, Integer, integer, parse_json_object, validate
 from ..errors import InvalidRequest
 from ..sampling.params import SamplingParams
-from .sampling_fields import parse_sampling
-from .structured import ResponseFormat, parse_response_format
+from .structured import ResponseFormatField
 
-DEFAULT_MAX_TOKENS = 256  # chat completions without max_tokens
-DEFAULT_COMPLETION_MAX_TOKENS = 16  # legacy completions, as OpenAI
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+MAX_N = 128  # OpenAI's limit; whether n choices fit the KV pool is the engine's check
+MAX_STOPS = 16
+DEFAULT_FITS = "omitted: the default, or fewer when the prompt leaves less room under the maximum sequence length"
+SAMPLING_PARAMS_FIELDS = frozenset(f.name for f in fields(SamplingParams))
+TOKEN_ID = {"$ref": "#/components/schemas/TokenId"}  # bounded by this server's vocabulary (see openapi.py)
+
+INT64 = {"ge": -(2**63), "le": 2**63 - 1}
+StopString = Annotated[str, Field(min_length=1)]
 
 
-@dataclass(frozen=True)
-class ChatRequest:
-    messages: list[dict[str, Any]]
-    params: SamplingParams  # without ``structured``: that needs the rendered prompt
-    stream: bool
-    model: str | None
+def _in_vocabulary(ids: list[int], info: ValidationInfo) -> list[int]:
+    vocab_size = info.context["vocab_size"]
+    wrong = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if wrong is not None:
+        raise InvalidRequest(f"token ids must be in [0, {vocab_size}), got {wrong}")
+    return ids
+
+
+TokenId = Annotated[Integer, WithJsonSchema(TOKEN_ID)]
+TokenIds = Annotated[list[TokenId], AfterValidator(_in_vocabulary)]
+SomeTokenIds = Annotated[list[TokenId], Field(min_length=1), AfterValidator(_in_vocabulary)]
+
+
+def _bias_by_token(bias: dict[str, float], info: ValidationInfo) -> dict[int, float]:
+    by_token = {int(key): amount for key, amount in bias.items()}
+    _in_vocabulary(list(by_token), info)
+    return by_token
+
+
+LogitBias = Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Annotated[float, Field(ge=-100, le=100)]],
+                      AfterValidator(_bias_by_token),
+                      Field(description="token id (as a string) to a bias added to its logit",
+                            json_schema_extra={"additionalProperties": False})]
+
+
+class Request(Body):
+    model: str | None = Field(None, description="optional; a name this server does not serve is a 404")
+
+
+class StreamOptions(Body):
     include_usage: bool = False
-    tools: tuple[Tool, ...] = ()
-    tool_choice: ToolChoice = ToolChoice()
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
-    response_format: ResponseFormat | None = None
-    priority: int = 0  # lower is served first under --scheduling-policy priority (vLLM's meaning)
-    max_tokens_given: bool = True  # False: params.max_tokens is the default (ServedModel.fit_default_max_tokens)
+
+
+class SamplingFields(Request):
+    """What chat and legacy completions share: OpenAI's fields and ranges, and vLLM's for the
+    ones OpenAI does not have (top_k, min_p, repetition_penalty, stop_token_ids, min_tokens,
+    ignore_eos). A field named as one of SamplingParams' reaches it as it is."""
+
+    temperature: float = Field(0.0, ge=0, le=2, description="0: greedy")
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: integer(ge=0) = Field(0, description="0: off")
+    min_p: float = Field(0.0, ge=0, le=1)
+    seed: integer(**INT64) | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] = ()
+    stop_token_ids: TokenIds = ()
+    min_tokens: integer(ge=0) = Field(0, description="at most max_tokens")
+    ignore_eos: bool = False
+    n: integer(ge=1, le=MAX_N) = 1
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0)
+    logit_bias: LogitBias = {}
+    stream: bool = False
+    stream_options: StreamOptions | None = Field(None, description="only with stream: true")
+    priority: integer(**INT64) = Field(0, description="lower is served first (--scheduling-policy priority); "
+                                           "other than 0 is a 400 under fcfs")
+    _params: SamplingParams = PrivateAttr()
 
     @property
-    def top_logprobs(self) -> int | None:
-        """How many alternatives per token; None when no logprobs were asked for."""
-        return self.params.logprobs
+    def params(self) -> SamplingParams:
+        """Every sampling field but ``structured`` (that needs the rendered prompt: .structured)."""
+        return self._params
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def max_tokens_given(self) -> bool:
+        """False: params.max_tokens is the default (ServedModel.fit_default_max_tokens may lower it)."""
+        return bool({"max_tokens", "max_completion_tokens"} & self.model_fields_set)
+
+    def _set_params(self, **named_otherwise: Any) -> None:
+        """SamplingParams from the fields of the same names, and those this route names its own way."""
+        if self.min_tokens > named_otherwise["max_tokens"]:
+            raise InvalidRequest(f"must not exceed max_tokens ({named_otherwise['max_tokens']})", param="min_tokens")
+        same = {name: getattr(self, name) for name in SAMPLING_PARAMS_FIELDS & type(self).model_fields.keys()}
+        self._params = SamplingParams(**{**same, **named_otherwise})  # its own ValueError is a 400 too
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequest("is only allowed with 'stream': true", param="stream_options")
+        return self
 
 
-@dataclass(frozen=True)
-class CompletionRequest:
-    prompts: list[str | list[int]]
-    params: SamplingParams
-    stream: bool
-    model: str | None
-    include_usage: bool = False
-    priority: int = 0
-    max_tokens_given: bool = True
+class TemplateFields(Body):
+    """What the chat template is rendered with, besides the messages."""
+
+    tools: Tools = ()
+    chat_template_kwargs: dict[str, Any] = Field({}, description='e.g. {"enable_thinking": false}')
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        None, description="none: enable_thinking false (unless chat_template_kwargs says otherwise)")
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        if self.reasoning_effort == "none":
+            return {"enable_thinking": False, **self.chat_template_kwargs}
+        return self.chat_template_kwargs
 
 
-@dataclass(frozen=True)
-class TokenizeRequest:
-    prompt: str | None  # either a prompt ...
-    messages: list[dict[str, Any]] | None  # ... or a conversation for the chat template
-    model: str | None
-    add_special_tokens: bool
+class ChatCompletionRequest(SamplingFields, TemplateFields):
+    messages: Messages
+    max_tokens: integer(ge=1) = Field(256, description=DEFAULT_FITS)
+    max_completion_tokens: integer(ge=1) | None = Field(None, description="takes precedence over max_tokens")
+    logprobs: bool = False
+    top_logprobs: integer(ge=0, le=20) | None = Field(None, description="needs logprobs: true")
+    tool_choice: ToolChoiceField = Field("auto", validate_default=True)
+    response_format: ResponseFormatField | None = None
+
+    @model_validator(mode="after")
+    def _between_fields(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequest("requires 'logprobs': true", param="top_logprobs")
+        self.tool_choice.check(self.tools)
+        self._set_params(max_tokens=self.max_completion_tokens or self.max_tokens,
+                         logprobs=(self.top_logprobs or 0) if self.logprobs else None)
+        return self
+
+
+def _prompt_form(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "text"
+    if not isinstance(value, list):
+        return None
+    if all(isinstance(p, list) for p in value) and value:
+        return "token_lists"
+    return "texts" if any(isinstance(p, (str, list)) for p in value) or not value else "tokens"
+
+
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    return [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else prompt
+
+
+Prompt = Annotated[
+    Union[Annotated[StopString, Tag("text")], Annotated[list[StopString], Field(min_length=1), Tag("texts")],
+          Annotated[SomeTokenIds, Tag("tokens")], Annotated[list[SomeTokenIds], Field(min_length=1), Tag("token_lists")]],
+    Discriminator(_prompt_form, custom_error_type="prompt_type", custom_error_message=(
+        "must be a string, an array of strings, an array of token ids or an array of token-id arrays")),
+    AfterValidator(_prompts), Field(description="each prompt is one engine request (an empty one is a 400)")]
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Prompt
+    max_tokens: integer(ge=1) = Field(16, description=DEFAULT_FITS)
+    logprobs: integer(ge=0, le=20) | None = None
+    best_of: integer(ge=1) | None = Field(None, description="only equal to n")
+    echo: Literal[False] = Field(False, description="not supported")
+    suffix: Literal[""] = Field("", description="not supported")
+
+    @model_validator(mode="after")
+    def _between_fields(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of != self.n:
+            raise InvalidRequest("other than n is not supported", param="best_of")
+        self._set_params(max_tokens=self.max_tokens)
+        return self
+
+
+class TokenizeRequest(Request, TemplateFields, json_schema_extra={"oneOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}}]}):
+    """Either a prompt or messages (rendered by the chat template as a chat request would be;
+    the chat-only fields are checked with a prompt too, and then unused)."""
+
+    prompt: str | None = None
+    messages: Messages | None = None
+    add_special_tokens: bool | None = Field(None, description="omitted: true with a prompt, false with messages "
+                                                              "(the template writes them)")
     add_generation_prompt: bool = True
-    tools: tuple[Tool, ...] = ()
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
     return_token_strs: bool = False
 
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise InvalidRequest("give either 'prompt' or 'messages'", param="prompt")
+        if self.add_special_tokens is None:
+            self.add_special_tokens = self.prompt is not None
+        return self
 
-@dataclass(frozen=True)
-class DetokenizeRequest:
-    tokens: list[int]
-    model: str | None
+
+class DetokenizeRequest(Request):
+    tokens: TokenIds
 
 
-def parse_chat_request(raw: bytes, vocab_size: int) -> ChatRequest:
-    body = parse_json_object(raw)
-    messages = parse_messages(body.get("messages"))
-    max_tokens = integer(body, "max_tokens", DEFAULT_MAX_TOKENS, 1)  # checked even when overridden
-    max_tokens = integer(body, "max_completion_tokens", max_tokens, 1)
-    logprobs = boolean(body, "logprobs", False)
-    top_logprobs = integer(body, "top_logprobs", None, 0, 20)
-    if top_logprobs is not None and not logprobs:
-        raise InvalidRequest("'top_logprobs' requires 'logprobs': true", param="top_logprobs")
-    params = parse_sampling(body, vocab_size=vocab_size, max_tokens=max_tokens,
-                            logprobs=(top_logprobs or 0) if logprobs else None)
-    tools = parse_tools(body.get("tools"))
-    stream = boolean(body, "stream", False)
-    return ChatRequest(
-        messages, params, stream, _model(body), _include_usage(body, stream), tools,
-        parse_tool_choice(body.get("tool_choice"), tools), template_kwargs(body),
-        parse_response_format(body.get("response_format")), _priority(body),
-        _given(body, "max_tokens", "max_completion_tokens"))
+def parse_chat_request(raw: bytes, vocab_size: int) -> ChatCompletionRequest:
+    return validate(ChatCompletionRequest, parse_json_object(raw), vocab_size=vocab_size)
 
 
 def parse_completion_request(raw: bytes, vocab_size: int) -> CompletionRequest:
-    body = parse_json_object(raw)
-    prompts = _prompts(body.get("prompt"), vocab_size)
-    for name, refusal in (("echo", "is not supported"), ("suffix", "is not supported")):
-        if body.get(name) not in (None, False, ""):
-            raise InvalidRequest(f"'{name}' {refusal}", param=name)
-    logprobs = integer(body, "logprobs", None, 0, 20)
-    params = parse_sampling(body, vocab_size=vocab_size, logprobs=logprobs,
-                            max_tokens=integer(body, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS, 1))
-    best_of = integer(body, "best_of", None, 1)
-    if best_of is not None and best_of != params.n:
-        raise InvalidRequest("'best_of' other than n is not supported", param="best_of")
-    stream = boolean(body, "stream", False)
-    return CompletionRequest(prompts, params, stream, _model(body), _include_usage(body, stream), _priority(body),
-                             _given(body, "max_tokens"))
+    return validate(CompletionRequest, parse_json_object(raw), vocab_size=vocab_size)
 
 
 def parse_tokenize_request(raw: bytes) -> TokenizeRequest:
-    body = parse_json_object(raw)
-    model = _model(body)
-    with_prompt = body.get("prompt") is not None
-    if with_prompt == (body.get("messages") is not None):
-        raise InvalidRequest("give either 'prompt' or 'messages'", param="prompt")
-    # The chat-only fields are checked with a prompt too (and then unused), as the schema documents them.
-    prompt = string(body, "prompt")
-    messages = None if with_prompt else parse_messages(body["messages"])
-    return TokenizeRequest(prompt, messages, model, boolean(body, "add_special_tokens", with_prompt),
-                           boolean(body, "add_generation_prompt", True), parse_tools(body.get("tools")),
-                           template_kwargs(body), boolean(body, "return_token_strs", False))
+    return validate(TokenizeRequest, parse_json_object(raw))
 
 
 def parse_detokenize_request(raw: bytes, vocab_size: int) -> DetokenizeRequest:
-    body = parse_json_object(raw)
-    return DetokenizeRequest(token_ids(body.get("tokens"), "tokens", vocab_size, allow_empty=True), _model(body))
-
-
-def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
-    """``chat_template_kwargs``, with ``reasoning_effort: "none"`` meaning enable_thinking false
-    (an explicit enable_thinking in chat_template_kwargs wins)."""
-    kwargs = dict(mapping(body, "chat_template_kwargs") or {})
-    effort = string(body, "reasoning_effort")
-    if effort is not None and effort not in REASONING_EFFORTS:
-        raise InvalidRequest(f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}",
-                             param="reasoning_effort")
-    if effort == "none":
-        kwargs.setdefault("enable_thinking", False)
-    return kwargs
-
-
-def _priority(body: dict[str, Any]) -> int:
-    return integer(body, "priority", 0, -(2**63), 2**63 - 1)
-
-
-def _given(body: dict[str, Any], *names: str) -> bool:
-    return any(body.get(name) is not None for name in names)
-
-
-def _model(body: dict[str, Any]) -> str | None:
-    return string(body, "model")
-
-
-def _include_usage(body: dict[str, Any], stream: bool) -> bool:
-    options = mapping(body, "stream_options")
-    if options is None:
-        return False
-    if not stream:
-        raise InvalidRequest("'stream_options' is only allowed with 'stream': true", param="stream_options")
-    return boolean(options, "include_usage", False, "stream_options")
-
-
-def _prompts(prompt: Any, vocab_size: int) -> list[str | list[int]]:
-    """A string, an array of strings, an array of token ids, or an array of those arrays."""
-    if isinstance(prompt, str):
-        return [prompt]
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, str) for p in prompt):
-            return list(prompt)
-        if all(isinstance(p, list) for p in prompt):
-            return [token_ids(p, f"prompt[{i}]", vocab_size) for i, p in enumerate(prompt)]
-        if not any(isinstance(p, (str, list)) for p in prompt):
-            return [token_ids(prompt, "prompt", vocab_size)]
-    raise InvalidRequest("'prompt' must be a string, an array of strings, an array of token ids or an array "
-                         "of token-id arrays", param="prompt")
+    return validate(DetokenizeRequest, parse_json_object(raw), vocab_size=vocab_size)

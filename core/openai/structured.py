@@ -7,16 +7,15 @@ block open, the constraint starts after the token that closes it (Qwen3's ``</th
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Literal, Union
 
-from ..chat.fields import mapping, string
-from ..chat.tools import Tool, ToolChoice, check_json_schema
+from pydantic import AfterValidator, Field
+
+from ..chat.tools import JsonSchema, Tool, ToolChoice
+from ..chat.validation import Body
 from ..errors import InvalidRequest
 from ..sampling.params import StructuredOutput
-
-SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -25,33 +24,35 @@ class ResponseFormat:
     schema: str | None = None  # JSON text, with kind json_schema
 
 
-def parse_response_format(value: Any) -> ResponseFormat | None:
-    """None for plain text (absent or {"type": "text"})."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise InvalidRequest("'response_format' must be an object", param="response_format")
-    kind = value.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return ResponseFormat("json_object")
-    if kind != "json_schema":
-        raise InvalidRequest("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"",
-                             param="response_format.type")
-    where = "response_format.json_schema"
-    spec = mapping(value, "json_schema", "response_format", required=True)
-    name = string(spec, "name", where, required=True)
-    if not SCHEMA_NAME.fullmatch(name):
-        raise InvalidRequest(f"'{where}.name' must be 1 to 64 letters, digits, '_' or '-', got {name!r}",
-                             param=f"{where}.name")
-    string(spec, "description", where)
-    strict = spec.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise InvalidRequest(f"'{where}.strict' must be a boolean", param=f"{where}.strict")
-    schema = mapping(spec, "schema", where, required=True)
-    check_json_schema(schema, f"{where}.schema")
-    return ResponseFormat("json_schema", json.dumps(schema, sort_keys=True))
+class TextFormat(Body):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(Body):
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: JsonSchema = Field(alias="schema")
+    strict: bool | None = None
+
+
+class JsonSchemaFormat(Body):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+def _response_format(value: TextFormat | JsonObjectFormat | JsonSchemaFormat) -> ResponseFormat | None:
+    """None for plain text."""
+    if isinstance(value, JsonSchemaFormat):
+        return ResponseFormat("json_schema", json.dumps(value.json_schema.schema_, sort_keys=True))
+    return ResponseFormat("json_object") if isinstance(value, JsonObjectFormat) else None
+
+
+ResponseFormatField = Annotated[Union[TextFormat, JsonObjectFormat, JsonSchemaFormat], Field(discriminator="type"),
+                                AfterValidator(_response_format)]
 
 
 def structured_output(response_format: ResponseFormat | None, tool_choice: ToolChoice, tools: tuple[Tool, ...],

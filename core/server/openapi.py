@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..chat.messages import ROLES
-from ..chat.tools import NAME as TOOL_NAME
-from ..openai.protocol import DEFAULT_COMPLETION_MAX_TOKENS, DEFAULT_MAX_TOKENS, REASONING_EFFORTS
-from ..openai.sampling_fields import MAX_N, MAX_STOPS
+from pydantic.json_schema import models_json_schema
 
-INT64 = {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1}
+from ..openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+
+REQUESTS = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
+REF = "#/components/schemas/{model}"
 ERROR = {"$ref": "#/components/schemas/Error"}
 RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}}
 
@@ -27,132 +27,9 @@ def _json(description: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-TEXT_PART = {"type": "object", "required": ["type", "text"],
-             "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
-CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART}]}
-TOOL_CALL = {"type": "object", "required": ["id", "function"], "properties": {
-    "id": {"type": "string"}, "type": {"const": "function"},
-    "function": {"type": "object", "required": ["name", "arguments"], "properties": {
-        "name": {"type": "string", "minLength": 1},
-        "arguments": {"type": "string", "description": "a JSON object as a string"}}}}}
-MESSAGE = {"anyOf": [  # by role, as qwen_serve.chat.messages reads them
-    {"type": "object", "required": ["role", "content"],
-     "properties": {"role": {"enum": [r for r in ROLES if r not in ("assistant", "tool")]}, "content": CONTENT,
-                    "name": {"type": "string"}, "tool_calls": {"type": "null"}}},
-    {"type": "object", "required": ["role", "content"],
-     "properties": {"role": {"const": "assistant"}, "content": CONTENT,
-                    "tool_calls": {"type": "array", "items": TOOL_CALL},
-                    "reasoning_content": {"type": "string"}, "name": {"type": "string"}}},
-    {"type": "object", "required": ["role", "tool_calls"],
-     "properties": {"role": {"const": "assistant"}, "content": {"type": "null"},
-                    "tool_calls": {"type": "array", "minItems": 1, "items": TOOL_CALL},
-                    "reasoning_content": {"type": "string"}, "name": {"type": "string"}}},
-    {"type": "object", "required": ["role", "content", "tool_call_id"],
-     "properties": {"role": {"const": "tool"}, "content": CONTENT, "tool_call_id": {"type": "string"},
-                    "name": {"type": "string"}, "tool_calls": {"type": "null"}}},
-]}
-TOKEN_ID = {"$ref": "#/components/schemas/TokenId"}  # bounded by this server's vocabulary (token_id_schema)
-TOKEN_IDS = {"type": "array", "minItems": 1, "items": TOKEN_ID}
-NONNEGATIVE_INT = {"type": "integer", "minimum": 0}
-DEFAULT_FITS = "omitted: the default, or fewer when the prompt leaves less room under the maximum sequence length"
-SAMPLING = {  # the fields chat and legacy completions share (qwen_serve.openai.sampling_fields)
-    "model": {"type": "string", "description": "optional; a name this server does not serve is a 404"},
-    "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 0},
-    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "default": 1},
-    "top_k": {"type": "integer", "minimum": 0, "default": 0},
-    "min_p": {"type": "number", "minimum": 0, "maximum": 1, "default": 0},
-    "seed": INT64,
-    "stop": {"oneOf": [{"type": "string", "minLength": 1},
-                       {"type": "array", "maxItems": MAX_STOPS, "items": {"type": "string", "minLength": 1}}]},
-    "stop_token_ids": {"type": "array", "items": TOKEN_ID},
-    "min_tokens": {**NONNEGATIVE_INT, "default": 0, "description": "at most max_tokens"},
-    "ignore_eos": {"type": "boolean", "default": False},
-    "n": {"type": "integer", "minimum": 1, "maximum": MAX_N, "default": 1},
-    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2, "default": 0},
-    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2, "default": 0},
-    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "default": 1},
-    "logit_bias": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
-                   "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
-    "stream": {"type": "boolean", "default": False},
-    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}},
-                       "description": "only with stream: true"},
-    "priority": {**INT64, "default": 0,
-                 "description": "lower is served first (--scheduling-policy priority); other than 0 is a "
-                                "400 under fcfs"},
-}
 SSE_EVENT = {"type": "object", "required": ["data"], "description": "each event's data is a chunk as JSON, the "
              "last one [DONE]", "properties": {"data": {"type": "string"}, "event": {"type": "string"}}}
-
-
-def _needs(field: str, kind: str, other: str) -> dict[str, Any]:
-    """``field`` given (not null) needs ``other`` to be true."""
-    return {"if": {"required": [field], "properties": {field: {"type": kind}}},
-            "then": {"required": [other], "properties": {other: {"const": True}}}}
-
-
-STREAM_OPTIONS_NEED_STREAM = _needs("stream_options", "object", "stream")
-TOOL = {"type": "object", "required": ["type", "function"],
-        "properties": {"type": {"const": "function"}, "function": {
-            "type": "object", "required": ["name"],
-            "properties": {"name": {"type": "string", "pattern": f"^{TOOL_NAME.pattern}$"},
-                           "description": {"type": "string"},
-                           "parameters": {"type": "object", "description": "a JSON Schema"}}}}}
-CHAT_REQUEST = {
-    "type": "object", "required": ["messages"],
-    "properties": {
-        "messages": {"type": "array", "minItems": 1, "items": MESSAGE},
-        "max_tokens": {"type": "integer", "minimum": 1, "default": DEFAULT_MAX_TOKENS, "description": DEFAULT_FITS},
-        "max_completion_tokens": {"type": "integer", "minimum": 1, "description": "takes precedence over max_tokens"},
-        **SAMPLING,
-        "logprobs": {"type": "boolean", "default": False},
-        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20, "description": "needs logprobs: true"},
-        "tools": {"type": "array", "items": TOOL},
-        "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, {
-            "type": "object", "required": ["type", "function"],
-            "properties": {"type": {"const": "function"}, "function": {
-                "type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]},
-        "response_format": {"oneOf": [
-            {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
-            {"type": "object", "required": ["type", "json_schema"], "properties": {
-                "type": {"const": "json_schema"},
-                "json_schema": {"type": "object", "required": ["name", "schema"], "properties": {
-                    "name": {"type": "string"}, "schema": {"type": "object"}, "strict": {"type": "boolean"}}}}}]},
-        "chat_template_kwargs": {"type": "object", "description": "e.g. {\"enable_thinking\": false}"},
-        "reasoning_effort": {"enum": list(REASONING_EFFORTS), "description": "none: enable_thinking false"},
-    },
-    "allOf": [STREAM_OPTIONS_NEED_STREAM, _needs("top_logprobs", "integer", "logprobs")],
-}
-PROMPT_TEXT = {"type": "string", "minLength": 1}  # an empty prompt is a 400
-COMPLETION_REQUEST = {
-    "type": "object", "required": ["prompt"],
-    "properties": {
-        "prompt": {"oneOf": [PROMPT_TEXT, {"type": "array", "minItems": 1, "items": PROMPT_TEXT},
-                             TOKEN_IDS, {"type": "array", "minItems": 1, "items": TOKEN_IDS}]},
-        "max_tokens": {"type": "integer", "minimum": 1, "default": DEFAULT_COMPLETION_MAX_TOKENS,
-                       "description": DEFAULT_FITS},
-        **SAMPLING,
-        "logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-        "best_of": {"type": "integer", "minimum": 1, "description": "only equal to n"},
-    },
-    "allOf": [STREAM_OPTIONS_NEED_STREAM],
-}
-TOKENIZE_REQUEST = {
-    "type": "object", "description": "either prompt or messages",
-    "oneOf": [{"required": [name], "properties": {name: {"type": kind}}}
-              for name, kind in (("prompt", "string"), ("messages", "array"))],
-    "properties": {
-        "model": SAMPLING["model"],
-        "prompt": {"type": "string"},
-        "messages": {"type": "array", "minItems": 1, "items": MESSAGE},
-        "tools": {"type": "array", "items": TOOL},
-        "chat_template_kwargs": {"type": "object"},
-        "add_special_tokens": {"type": "boolean"},
-        "add_generation_prompt": {"type": "boolean", "default": True},
-        "return_token_strs": {"type": "boolean", "default": False},
-    },
-}
-DETOKENIZE_REQUEST = {"type": "object", "required": ["tokens"],
-                      "properties": {"model": SAMPLING["model"], "tokens": {"type": "array", "items": TOKEN_ID}}}
+NONNEGATIVE_INT = {"type": "integer", "minimum": 0}
 LOGPROBS = {"type": ["object", "null"]}
 USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"],
          "properties": {k: {"type": "integer", "minimum": 0} for k in ("prompt_tokens", "completion_tokens",
@@ -200,34 +77,36 @@ UNAVAILABLE = _error("loading, draining, the engine has stopped, or the request 
                      RETRY_AFTER)
 
 
-def request_schema(schema: dict[str, Any], max_seq_len: int | None = None) -> dict[str, Any]:
-    """A request's schema as this server reads it: an optional field may be null (null means
-    omitted, as OpenAI's own schema allows), and max_tokens has this server's length limit (the
-    prompt takes at least one of max_seq_len's tokens)."""
-    properties = dict(schema["properties"])
-    if max_seq_len is not None:
-        for name in ("max_tokens", "max_completion_tokens"):
-            if name in properties:
-                properties[name] = {**properties[name], "maximum": max_seq_len - 1}
-    return null_means_omitted({**schema, "properties": properties})
+def request_schemas(max_seq_len: int | None) -> dict[str, Any]:
+    """Every request body's schema and the schemas they refer to, from the models in
+    qwen_serve.openai.protocol, as this server reads them: an optional field may be null (null
+    means omitted), and max_tokens has this server's length limit (the prompt takes at least one
+    of max_seq_len's tokens)."""
+    _, top = models_json_schema([(model, "validation") for model in REQUESTS], ref_template=REF)
+    schemas = {name: null_means_omitted(schema) for name, schema in top["$defs"].items()}
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        for field in ("max_tokens", "max_completion_tokens"):
+            if max_seq_len is not None and field in schemas[name]["properties"]:
+                schemas[name]["properties"][field]["anyOf"][0]["maximum"] = max_seq_len - 1
+    return schemas
 
 
 def null_means_omitted(schema: Any) -> Any:
-    """``schema`` with every optional property, at any depth, also allowed to be null: the
-    protocol's readers take a null as the field left out. (An ``if`` is a condition on a given
-    value, so it is left as it is.)"""
+    """``schema`` with every optional property, at any depth, also allowed to be null."""
     if isinstance(schema, list):
         return [null_means_omitted(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: value if key == "if" else null_means_omitted(value) for key, value in schema.items()
-           if key != "properties"}
+    out = {key: null_means_omitted(value) for key, value in schema.items()}
     if "properties" in schema:
         required = set(schema.get("required", ()))
-        out["properties"] = {name: null_means_omitted(field) if name in required
-                             else {"anyOf": [null_means_omitted(field), {"type": "null"}]}
-                             for name, field in schema["properties"].items()}
+        out["properties"] = {name: field if name in required or _nullable(field)
+                             else {"anyOf": [field, {"type": "null"}]} for name, field in out["properties"].items()}
     return out
+
+
+def _nullable(field: dict[str, Any]) -> bool:
+    return field.get("type") == "null" or {"type": "null"} in field.get("anyOf", ())
 
 
 def _generating(operation_id: str, request: str, response: str, unauthorized: dict) -> dict[str, Any]:
@@ -281,11 +160,8 @@ def openapi_document(model: str | None, protected: bool, metrics_public: bool,
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {"Error": ERROR_SCHEMA, "Health": HEALTH, "ModelList": MODELS,
-                        "ChatCompletionRequest": request_schema(CHAT_REQUEST, max_seq_len),
-                        "ChatCompletion": CHAT_COMPLETION,
-                        "CompletionRequest": request_schema(COMPLETION_REQUEST, max_seq_len),
-                        "Completion": COMPLETION, "TokenizeRequest": request_schema(TOKENIZE_REQUEST),
-                        "DetokenizeRequest": request_schema(DETOKENIZE_REQUEST), "TokenId": token_id_schema(vocab_size)},
+                        "ChatCompletion": CHAT_COMPLETION, "Completion": COMPLETION,
+                        "TokenId": token_id_schema(vocab_size), **request_schemas(max_seq_len)},
         },
         "paths": {
             "/health": {"get": {**open_, "operationId": "health", "responses": {

@@ -110,12 +110,13 @@ class SamplingFields(Request):
         """False: params.max_tokens is the default (ServedModel.fit_default_max_tokens may lower it)."""
         return bool({"max_tokens", "max_completion_tokens"} & self.model_fields_set)
 
-    def _set_params(self, **named_otherwise: Any) -> None:
-        """SamplingParams from the fields of the same names, and those this route names its own way."""
-        if self.min_tokens > named_otherwise["max_tokens"]:
-            raise InvalidRequest(f"must not exceed max_tokens ({named_otherwise['max_tokens']})", param="min_tokens")
+    def _set_params(self, max_tokens: int, logprobs: int | None) -> None:
+        """SamplingParams from the fields of the same names, and the ones named otherwise."""
+        if self.min_tokens > max_tokens:
+            raise InvalidRequest(f"must not exceed max_tokens ({max_tokens})", param="min_tokens")
         same = {name: getattr(self, name) for name in SAMPLING_PARAMS_FIELDS & type(self).model_fields.keys()}
-        self._params = SamplingParams(**{**same, **named_otherwise})  # its own ValueError is a 400 too
+        # SamplingParams' own ValueError is a 400 too
+        self._params = SamplingParams(**{**same, "max_tokens": max_tokens, "logprobs": logprobs})
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> SamplingFields:
@@ -153,8 +154,8 @@ class ChatCompletionRequest(SamplingFields, TemplateFields):
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("requires 'logprobs': true", param="top_logprobs")
         self.tool_choice.check(self.tools)
-        self._set_params(max_tokens=self.max_completion_tokens or self.max_tokens,
-                         logprobs=(self.top_logprobs or 0) if self.logprobs else None)
+        self._set_params(self.max_completion_tokens or self.max_tokens,
+                         (self.top_logprobs or 0) if self.logprobs else None)
         return self
 
 
@@ -192,7 +193,7 @@ class CompletionRequest(SamplingFields):
     def _between_fields(self) -> CompletionRequest:
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidRequest("other than n is not supported", param="best_of")
-        self._set_params(max_tokens=self.max_tokens)
+        self._set_params(self.max_tokens, self.logprobs)
         return self
 
 

@@ -1,6 +1,6 @@
-"""GET /openapi.json: an OpenAPI 3.1 description of the routes this server serves, with the
-request schema that qwen_serve.openai.protocol enforces (a fuzz test drives the live server
-from it: tests/test_server_fuzz.py). Built per server, so its security section says which
+"""GET /openapi.json: an OpenAPI 3.1 description of the routes this server serves, its request
+schemas generated from the models qwen_serve.openai.protocol validates with (a fuzz test drives
+the live server from it: tests/test_server_fuzz.py). Built per server, so its security section says which
 routes this server's --api-key / --metrics-public protect."""
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """The sampling fields chat and legacy completions share, mapped onto SamplingParams with
 OpenAI's ranges (vLLM's for the fields OpenAI does not have: top_k, min_p, repetition_penalty,
-stop_token_ids, min_tokens, ignore_eos)."""
+stop_token_ids, min_tokens, ignore_eos, vllm_xargs)."""
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from ..chat.fields import boolean, integer, number, token_ids
+from ..chat.fields import boolean, integer, mapping, number, token_ids
 from ..errors import InvalidRequest
 from ..sampling.params import SamplingParams
 
@@ -37,9 +37,12 @@ def parse_sampling(body: dict[str, Any], *, vocab_size: int, max_tokens: int, lo
         frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=number(body, "repetition_penalty", 1.0, 0.0, math.inf, low_open=True),
         logit_bias=_logit_bias(body, vocab_size),
+        extra_args=mapping(body, "vllm_xargs") or {},  # which plugin takes each name: the engine's check
     )
     try:
         return SamplingParams(**fields)
+    except InvalidRequest:  # it names its field already
+        raise
     except ValueError as exc:  # a rule of SamplingParams itself
         raise InvalidRequest(str(exc)) from None
 

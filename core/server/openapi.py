@@ -73,6 +73,8 @@ SAMPLING = {  # the fields chat and legacy completions share (qwen_serve.openai.
     "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "default": 1},
     "logit_bias": {"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
                    "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+    "vllm_xargs": {"type": "object", "description": "arguments for plugins (vLLM's name): each name must be "
+                   "taken by a logits processor this server loaded, which checks its value"},
     "stream": {"type": "boolean", "default": False},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}},
                        "description": "only with stream: true"},

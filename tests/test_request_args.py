@@ -69,6 +69,13 @@ def test_the_argument_bans_repeats_for_its_request_only(llm, plain):
     assert untouched.token_ids == free  # same batch, no argument: as if the plugin were not loaded
 
 
+def test_mlx_applies_the_same_ban(llm, vocab64):
+    pytest.importorskip("mlx.core")
+    mlx = LLM(str(vocab64), backend="mlx", env=PLUGIN_ENV)
+    steered = mlx.generate([PROMPT], no_repeat(2))[0].token_ids
+    assert steered == llm.generate([PROMPT], no_repeat(2))[0].token_ids
+
+
 @pytest.mark.parametrize("size", [1, 3])
 def test_greedy_with_the_argument_matches_transformers_processor(llm, vocab64, size):
     ours = llm.generate([PROMPT], replace(no_repeat(size), max_tokens=24))[0].token_ids

@@ -261,6 +261,20 @@ class LogitsProcessor(Protocol):
 
 
 @runtime_checkable
+class TakesRequestArgs(Protocol):
+    """A logits processor that a request steers with arguments of its own: the request names them
+    in SamplingParams.extra_args (HTTP ``vllm_xargs``), and the processor reads them in ``start``
+    with ``request.params.request_args(self.request_arg_keys)``. The engine refuses a request
+    carrying a name no processor claims; each name is claimed by one processor at most."""
+
+    request_arg_keys: tuple[str, ...]
+
+    def check_request_args(self, args: dict[str, Any]) -> None:
+        """Raise InvalidRequest with param "vllm_xargs" when a value is wrong. args holds the
+        claimed names the request carries (at least one). Called from any thread; changes nothing."""
+
+
+@runtime_checkable
 class ModelExecutor(Protocol):
     """Owns the weights; runs one batched forward over a StepBatch."""
 

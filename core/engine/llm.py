@@ -63,9 +63,11 @@ class LLM:
 
         return ChatFormat(self.tokenizer, *self._parser_names)
 
-    def generate(self, prompts: Sequence[str | Sequence[int]] | str, params: SamplingParams | None = None) -> list[CompletionOutput]:
+    def generate(self, prompts: Sequence[str | Sequence[int]] | str,
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
         """One CompletionOutput per choice, prompt by prompt and each prompt's n choices in index
-        order: len(prompts) * params.n outputs (one per prompt for the default n = 1)."""
+        order: len(prompts) * params.n outputs (one per prompt for the default n = 1). params may
+        be one per prompt (as vLLM's), all run in the same batches."""
         if isinstance(prompts, str):
             prompts = [prompts]
         token_lists = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
@@ -92,8 +94,12 @@ class LLM:
             out.message = self.chat_format.output_parser(by_prompt[tuple(out.prompt_token_ids)]).parse(out.text)
         return outputs
 
-    def _run(self, token_lists: list[list[int]], params: SamplingParams) -> list[CompletionOutput]:
-        seqs = self.engine.run([(f"offline-{next(self._ids)}", tokens, params) for tokens in token_lists])
+    def _run(self, token_lists: list[list[int]],
+             params: SamplingParams | Sequence[SamplingParams]) -> list[CompletionOutput]:
+        per_prompt = [params] * len(token_lists) if isinstance(params, SamplingParams) else list(params)
+        if len(per_prompt) != len(token_lists):
+            raise ValueError(f"{len(per_prompt)} SamplingParams for {len(token_lists)} prompts")
+        seqs = self.engine.run([(f"offline-{next(self._ids)}", tokens, p) for tokens, p in zip(token_lists, per_prompt)])
         return [
             CompletionOutput(
                 request_id=s.request_id,
@@ -101,7 +107,7 @@ class LLM:
                 token_ids=list(s.output_token_ids),
                 text=s.detokenizer.text,
                 finish_reason=s.finish_reason,
-                logprobs=list(s.output_logprobs) if params.logprobs is not None else None,
+                logprobs=list(s.output_logprobs) if s.params.logprobs is not None else None,
                 index=s.index,
             )
             for s in seqs

@@ -74,7 +74,7 @@ class StreamOptions(Body):
 class SamplingFields(Request):
     """What chat and legacy completions share: OpenAI's fields and ranges, and vLLM's for the
     ones OpenAI does not have (top_k, min_p, repetition_penalty, stop_token_ids, min_tokens,
-    ignore_eos). A field named as one of SamplingParams' reaches it as it is."""
+    ignore_eos, vllm_xargs). A field named as one of SamplingParams' reaches it as it is."""
 
     temperature: float = Field(0.0, ge=0, le=2, description="0: greedy")
     top_p: float = Field(1.0, gt=0, le=1)
@@ -90,6 +90,8 @@ class SamplingFields(Request):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0)
     logit_bias: LogitBias = {}
+    vllm_xargs: dict[str, Any] = Field({}, description="arguments for plugins (vLLM's name): each name must be "
+                                       "taken by a logits processor this server loaded, which checks its value")
     stream: bool = False
     stream_options: StreamOptions | None = Field(None, description="only with stream: true")
     priority: integer(**INT64) = Field(0, description="lower is served first (--scheduling-policy priority); "
@@ -116,7 +118,8 @@ class SamplingFields(Request):
             raise InvalidRequest(f"must not exceed max_tokens ({max_tokens})", param="min_tokens")
         same = {name: getattr(self, name) for name in SAMPLING_PARAMS_FIELDS & type(self).model_fields.keys()}
         # SamplingParams' own ValueError is a 400 too
-        self._params = SamplingParams(**{**same, "max_tokens": max_tokens, "logprobs": logprobs})
+        self._params = SamplingParams(**{**same, "max_tokens": max_tokens, "logprobs": logprobs,
+                                          "extra_args": self.vllm_xargs})
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> SamplingFields:

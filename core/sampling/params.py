@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+from .request_args import StoredArgs, freeze_request_args, thaw_request_args
 
 StructuredKind = Literal["json_object", "json_schema", "tool_calls"]
 
@@ -61,6 +63,9 @@ class SamplingParams:
     text); min_tokens suppresses EOS, stop tokens and stop strings until that many tokens exist;
     ignore_eos generates through EOS until max_tokens. A structured-output document that is
     complete ends generation whatever min_tokens or ignore_eos say (nothing else may follow).
+    extra_args maps names to JSON values for the plugins that claim those names (HTTP
+    ``vllm_xargs``; a name no loaded plugin claims is refused when the request is checked);
+    kept as sorted (name, JSON text) pairs, read back with ``request_args``.
     """
 
     temperature: float = 0.0
@@ -81,6 +86,7 @@ class SamplingParams:
     logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] = ()  # stored as sorted (id, bias) pairs
     structured: StructuredOutput | None = None
     speculative: bool = True  # False: never speculate for this request, even on a server that does
+    extra_args: Mapping[str, Any] | StoredArgs = ()  # stored as sorted (name, JSON text) pairs
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -126,10 +132,19 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", tuple(sorted((int(k), float(v)) for k, v in bias.items())))
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise ValueError("structured must be a StructuredOutput")
+        object.__setattr__(self, "extra_args", freeze_request_args(self.extra_args))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def extra_arg_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.extra_args)
+
+    def request_args(self, names: Iterable[str]) -> dict[str, Any]:
+        """The values of those of ``names`` this request carries, as plain JSON values."""
+        return thaw_request_args(self.extra_args, names)
 
     @property
     def penalized(self) -> bool:

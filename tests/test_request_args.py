@@ -155,7 +155,7 @@ def test_vllm_xargs_over_http(server, qwen3_tiny, example_on_path):
                                            extra_body={"vllm_xargs": [1]})
         assert exc.value.response.json()["error"]["param"] == "vllm_xargs"
         for args, words in (({"typo": 1}, "no loaded plugin takes 'typo'"),
-                            ({"no_repeat_ngram_size": 0}, "must be an integer >= 1"), ([1], "must be an object")):
+                            ({"no_repeat_ngram_size": 0}, "must be an integer >= 1"), ([1], "valid dictionary")):
             with pytest.raises(openai.BadRequestError) as exc:
                 client.completions.create(model=model, prompt=text, extra_body={"vllm_xargs": args})
             error = exc.value.response.json()["error"]

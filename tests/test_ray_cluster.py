@@ -25,7 +25,8 @@ import time
 import openai
 import pytest
 from raw_http import connect, read_until_closed, slow_body_head
-from server_process import StreamCollector, openai_client, own_server
+from server_fixtures import openai_client, own_server
+from stream_checks import StreamCollector
 
 from qwen_serve.conformance.server_process import ServerProcess
 

@@ -16,7 +16,8 @@ import time
 
 import torch
 import torch.nn.functional as F
-from cpu_info import cpu_description
+
+from qwen_serve.bench.machine import machine_header
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
 REPEATS = 5
@@ -42,7 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="72,512,2048")
     args = parser.parse_args()
-    print(cpu_description(), f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(machine_header(), f"\ntorch {torch.get_num_threads()} threads")
     print(f"{'prompt':>8s} {'float32 ms':>12s} {'bfloat16 ms':>12s} {'bf16 / f32':>11s}")
     for n in (int(x) for x in args.lengths.split(",")):
         q, k, v = torch.randn(1, HEADS, n, HEAD_DIM), torch.randn(1, KV_HEADS, n, HEAD_DIM), torch.randn(1, KV_HEADS, n, HEAD_DIM)

@@ -92,7 +92,8 @@ async def with_openai(url: str, streams: int) -> int:
 
 
 def main() -> int:
-    from qwen_serve.conformance.server_process import free_port
+    from qwen_serve.bench.launcher import free_port
+    from qwen_serve.bench.machine import machine_header
 
     if len(sys.argv) == 3 and sys.argv[1] == "--serve":
         serve(int(sys.argv[2]))
@@ -109,6 +110,7 @@ def main() -> int:
                 break
             except OSError:
                 time.sleep(0.1)
+        print(machine_header())
         print(f"{REQUESTS} requests x {CHUNKS} chunks each; client CPU per chunk (this process), best of 3")
         print(f"{'client':28s} {'streams':>7s} {'us CPU/chunk':>13s} {'wall s':>7s}")
         for name, client in (("qwen-serve bench (aiohttp)", with_aiohttp), ("openai AsyncOpenAI", with_openai)):

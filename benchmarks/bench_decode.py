@@ -14,8 +14,9 @@ bytes over the median of bandwidth readings taken between the measurements (Band
 batch 1 also runs 7 times, each against the reading right after it, and the median of those
 ratios is reported beside (decode_b1_of_bound_paired). ``--before DIR`` runs the same measurements on a
 tree laid out as an importable ``qwen_serve`` package in DIR (see ``--make-before``), so the
-before and after figures come from one sitting. Results go to benchmarks/results/ as JSON with
-the CPU model and flags, the bandwidth measured (torch sum over 1 GiB, all threads) and threads.
+before and after figures come from one sitting. Results go to
+benchmarks/results/DATE-decode-LABEL/ as JSON: the machine (CPU model and flags, versions, commit)
+and per run the bandwidth measured (torch sum over 1 GiB, all threads) and threads.
 """
 from __future__ import annotations
 
@@ -31,27 +32,22 @@ import time
 from pathlib import Path
 
 import engine_timing
+from result_folder import result_folder
 
-RESULTS = Path(__file__).parent / "results"
+from qwen_serve.bench.machine import describe_machine, machine_header
+
 CONFIGS = {"int4": ("float32", "int4"), "float32": ("float32", "none"), "bfloat16": ("bfloat16", "none")}
 DECODE_STEPS = 32
 PAIRED_RUNS = 7  # batch-1 runs, each paired with a bandwidth reading
 CONTEXTS = (256, 1024, 4096)
-KEY_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
-             "amx_bf16", "amx_int8", "amx_tile")
 
 
-def machine() -> dict:
+def conditions() -> dict:
+    """What a run's subprocess ran with (the machine itself is described once, by the parent:
+    the subprocess may run an older tree)."""
     import torch
 
-    model, flags = "unknown", []
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name") and model == "unknown":
-            model = line.split(":", 1)[1].strip()
-        if line.startswith("flags"):
-            flags = line.split(":", 1)[1].split()
-    return {"cpu": model, "cpu_count": os.cpu_count(), "flags": [f for f in KEY_FLAGS if f in flags],
-            "threads": torch.get_num_threads()}
+    return {"threads": torch.get_num_threads()}
 
 
 class BandwidthProbe:
@@ -89,7 +85,7 @@ def run_one(model: str, dtype: str, quant: str, parts: list[str]) -> dict:
     t = time.perf_counter()
     llm = LLM(model, dtype=dtype, quant=quant, kv_blocks=2048, max_batch=16, chunk_size=512)
     result = {"load_s": time.perf_counter() - t, "weight_bytes": llm.parts.executor.weight_bytes(),
-              "machine": machine()}
+              "conditions": conditions()}
     probe = BandwidthProbe()
     engine, vocab = llm.engine, llm.config.vocab_size
     rng = np.random.default_rng(0)
@@ -126,7 +122,7 @@ def run_one(model: str, dtype: str, quant: str, parts: list[str]) -> dict:
                 _, decode_s, decoded = run(prompts, 17)
                 result[f"ctx{context}_s{streams}_tok_s"] = decoded / decode_s
                 probe.read()
-    result["machine"].update(probe.summary())
+    result["conditions"].update(probe.summary())
     return result
 
 
@@ -167,6 +163,8 @@ def main() -> None:
         from qwen_serve.conformance.models import QWEN3_0_6B, make_qwen3_checkpoint
 
         make_qwen3_checkpoint(args.qwen_dir, QWEN3_0_6B, seed=3, dtype="bfloat16", init_std=0.05)
+    machine = describe_machine(measure_bandwidth=False)
+    print(machine_header(machine), flush=True)
     trees = ([("before", args.before)] if args.before else []) + [("after", None)]
     results = {}
     for config in args.configs.split(","):
@@ -182,7 +180,7 @@ def main() -> None:
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
             results[f"{config}/{tree}"] = r
-            m = r["machine"]
+            m = r["conditions"]
             figures = {k: round(v, 1) for k, v in r.items() if k.endswith("tok_s")}
             ceiling = bound(r["weight_bytes"], m["bandwidth_gb_s"])
             b1 = figures.get("decode_b1_tok_s")
@@ -192,11 +190,8 @@ def main() -> None:
             print(f"{config:9s} {tree:6s} weights {r['weight_bytes'] / 2**20:7.1f} MiB, bandwidth "
                   f"{m['bandwidth_gb_s']:.1f} GB/s -> bound {ceiling:.1f} tok/s{ratio}; {figures}", flush=True)
     if results:
-        any_result = next(iter(results.values()))
-        print(f"machine: {any_result['machine']}")
-        RESULTS.mkdir(exist_ok=True)
-        path = RESULTS / f"decode-{args.label}.json"
-        path.write_text(json.dumps(results, indent=1))
+        path = result_folder(f"decode-{args.label}") / f"decode-{args.label}.json"
+        path.write_text(json.dumps({"machine": machine, "runs": results}, indent=1))
         print(f"wrote {path}")
 
 

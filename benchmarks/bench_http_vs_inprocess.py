@@ -5,7 +5,8 @@ prompt and output lengths, batch 1, 8 and 16, side by side in one run: what the 
     flock /work/cpu.lock python benchmarks/bench_http_vs_inprocess.py            # int4, ~5 min
     flock /work/cpu.lock python benchmarks/bench_http_vs_inprocess.py --quant none --dtype bfloat16
 
-Writes benchmarks/results/http_vs_inprocess.json (+ .md, PNGs) in the bench's format: one
+Writes benchmarks/results/DATE-http-vs-inprocess[-QUANT-DTYPE]/http_vs_inprocess*.json (+ .md,
+PNGs, the HTTP run's own JSON in raw/) in the bench's format: one
 "endpoint" per path. Output tok/s = output tokens / wall time of a repetition, prefill included,
 for both paths; medians of 3 repetitions.
 """
@@ -17,17 +18,17 @@ import sys
 import time
 from pathlib import Path
 
-from servers import REPO, RunningServer, ServerCommand, git_revision, run_bench
+from result_folder import result_folder
+from servers import REPO, RunningServer, ServerCommand, run_bench
 from setup_peers import Peers, make_checkpoint
 
-from qwen_serve.bench.machine import describe_machine
+from qwen_serve.bench.machine import describe_machine, source_commit
 from qwen_serve.bench.plots import write_plots
 from qwen_serve.bench.prompts import TokenIdPrompts
 from qwen_serve.bench.report import merge, new_document, write_json
 from qwen_serve.bench.stats import RequestRecord, repetition, summarize
 from qwen_serve.cache_dir import cache_dir
 
-RESULTS = REPO / "benchmarks" / "results"
 PROMPT_TOKENS, OUTPUT_TOKENS, BATCHES, REPETITIONS = 64, 128, (1, 8, 16), 3
 
 
@@ -61,7 +62,7 @@ def in_process(model: str, quant: str, dtype: str) -> dict:
         results.append(summarize({"prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS,
                                   "concurrency": batch}, reps, records))
     return {"name": f"in-process {quant} {dtype}", "url": None, "model": model, "api": "LLM engine",
-            "notes": f"qwen-serve {git_revision()}; LLM({model!r}, quant={quant!r}, dtype={dtype!r}), engine stepped "
+            "notes": f"qwen-serve {source_commit()}; LLM({model!r}, quant={quant!r}, dtype={dtype!r}), engine stepped "
                      "in this process",
             "identity": {}, "results": results}
 
@@ -95,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     peers = Peers(args.peers.expanduser().resolve())
     make_checkpoint(peers)
-    raw = RESULTS / "raw"
+    stem = "http_vs_inprocess" + "".join(f"_{v}" for v, default in ((args.quant, "int4"), (args.dtype, "float32"))
+                                         if v != default)
+    folder = result_folder(stem.replace("_", "-"))
+    raw = folder / "raw"
     http_name = f"HTTP {args.quant} {args.dtype}"
     command = ServerCommand(http_name, [sys.executable, "-m", "qwen_serve", "--model", str(peers.checkpoint),
                                         "--quant", args.quant, "--dtype", args.dtype, "--host", "127.0.0.1",
@@ -104,15 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         http_path = run_bench(http_name, server.url, raw, f"http_{args.quant}_{args.dtype}", [
             "--api", "chat", "--tokenizer", str(peers.checkpoint), "--prompt-tokens", str(PROMPT_TOKENS),
             "--output-tokens", str(OUTPUT_TOKENS), "--concurrency", ",".join(map(str, BATCHES)),
-            "--repetitions", str(REPETITIONS)], f"qwen-serve {git_revision()}; {' '.join(server.argv)}")
+            "--repetitions", str(REPETITIONS)], f"qwen-serve {source_commit()}; {' '.join(server.argv)}")
     local = new_document(describe_machine(), {"points": "see results"}, [in_process(str(peers.checkpoint), args.quant, args.dtype)])
     doc = merge([json.loads(http_path.read_text()), local], [str(http_path.relative_to(REPO)), "in-process"])
-    stem = "http_vs_inprocess" + "".join(f"_{v}" for v, default in ((args.quant, "int4"), (args.dtype, "float32"))
-                                         if v != default)
-    write_json(doc, RESULTS / f"{stem}.json")
-    write_plots(doc, RESULTS, f"{stem}-")
-    (RESULTS / f"{stem}.md").write_text(markdown(doc, http_name, f"in-process {args.quant} {args.dtype}"))
-    print((RESULTS / f"{stem}.md").read_text())
+    write_json(doc, folder / f"{stem}.json")
+    write_plots(doc, folder, f"{stem}-")
+    (folder / f"{stem}.md").write_text(markdown(doc, http_name, f"in-process {args.quant} {args.dtype}"))
+    print((folder / f"{stem}.md").read_text())
     return 0
 
 

@@ -6,7 +6,7 @@ same weights in ordinary 4 KiB pages, in one process, taking turns.
 
 The engine decodes with one copy for a turn of 10 steps, then with the other (who goes first
 alternates), 40 turns each: on a machine whose speed drifts by the minute the two figures are
-then measured seconds apart. Prints and writes (benchmarks/results/huge_pages-*.json) the median
+then measured seconds apart. Prints and writes (benchmarks/results/DATE-huge-pages/huge_pages-*.json) the median
 and best ms per step of each, with the CPU and the pages the process holds.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from result_folder import result_folder
 
-RESULTS = Path(__file__).parent / "results"
 STEPS_PER_TURN = 10
 
 
@@ -39,7 +39,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from qwen_serve import LLM, SamplingParams
-    from qwen_serve.bench.machine import cpu_info
+    from qwen_serve.bench.machine import describe_machine, machine_header
+
+    machine = describe_machine(measure_bandwidth=False)
+    print(machine_header(machine))
 
     llm = LLM(str(args.qwen_dir), dtype=args.dtype, quant=args.quant, max_batch=max(8, args.batch))
     engine, model = llm.engine, llm.engine.executor
@@ -72,13 +75,12 @@ def main() -> None:
             times[name].append((time.perf_counter() - start) / STEPS_PER_TURN * 1e3)
     result = {"dtype": args.dtype, "quant": args.quant, "batch": args.batch, "turns": args.turns,
               "weights_mib": round(sum(t.numel() * t.element_size() for t in huge.values()) / 2**20, 1),
-              "anon_huge_pages_mib": anon_huge_mib(), "cpu": cpu_info()["model_name"], "flags": cpu_info()["key_flags"]}
+              "anon_huge_pages_mib": anon_huge_mib(), "machine": machine}
     for name, values in times.items():
         result[f"{name}_ms_median"] = round(float(np.median(values)), 2)
         result[f"{name}_ms_best"] = round(min(values), 2)
     print(json.dumps(result))
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"huge_pages-{args.quant}-{args.dtype}-b{args.batch}.json"
+    path = result_folder("huge-pages") / f"huge_pages-{args.quant}-{args.dtype}-b{args.batch}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
 

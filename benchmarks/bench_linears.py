@@ -27,6 +27,7 @@ from qwen_serve.backends.torch_cpu.merged_linear import MergedLinear
 from qwen_serve.backends.torch_cpu.native import Kernels, cpu_features, load_kernels
 from qwen_serve.backends.torch_cpu.path_plan import TILE_DTYPES, PathPlan
 from qwen_serve.backends.torch_cpu.tiles import Scratch
+from qwen_serve.bench.machine import machine_header
 from qwen_serve.quant import int4
 
 SHAPES = [(2048, 1024), (1024, 1024), (1024, 1024), (1024, 2048), (3072, 1024), (3072, 1024), (1024, 3072)] * 4
@@ -50,7 +51,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    print(f"threads {torch.get_num_threads()}, CPU features used: "
+    print(machine_header())
+    print(f"threads {torch.get_num_threads()}, CPU features the kernels may use: "
           f"{sorted(f for f in cpu_features() if f.startswith(('avx', 'amx', 'fma')))}")
     if args.merged:
         return compare_merged(rng)

@@ -239,6 +239,9 @@ def main() -> None:
     if args.one:
         print(json.dumps(run_one(*args.one)))
         return
+    from qwen_serve.bench.machine import machine_header
+
+    print(machine_header())
     if args.only in (None, "kernels"):
         kernels()
     if args.only in (None, "quality"):

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cpu_info import cpu_description
+from qwen_serve.bench.machine import machine_header
 
 BATCH = 8
 DECODE_TOKENS = 48
@@ -113,7 +113,7 @@ def main() -> None:
     from qwen_serve import LLM
     from qwen_serve.conformance.models import smollm2_gguf
 
-    print(f"## batch-{BATCH} decode tokens/s ({cpu_description()})")
+    print(f"## batch-{BATCH} decode tokens/s\n{machine_header()}")
     with tempfile.TemporaryDirectory() as tmp:
         models = {"SmolLM2-135M": str(smollm2_gguf()), "Qwen3 2-layer, vocab 151,936": tiny_qwen3_full_vocab(Path(tmp))}
         if args.only == "overhead":

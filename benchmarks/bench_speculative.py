@@ -9,7 +9,7 @@ paragraph (most of the answer is still copied from the prompt). Decode tok/s cou
 emitted in steps where no sequence is prefilling, over those steps' wall time (best of REPEATS
 runs, so a noisy neighbour on a 2-core machine spoils fewer figures); acceptance = kept
 proposals / proposals verified. Greedy outputs are checked to be identical with and without speculation. Results go to
-benchmarks/results/speculative.json with the CPU model and flags.
+benchmarks/results/DATE-speculative/speculative.json with the machine (CPU model and flags, versions, commit).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-from cpu_info import cpu_description
+from result_folder import result_folder
 
 REPEATS = 2
 MAX_TOKENS = 160
@@ -99,13 +99,14 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--tasks", nargs="+", default=["repeat", "correct"])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "speculative.json"))
+    parser.add_argument("--out", type=Path, help="default: results/DATE-speculative/speculative.json")
     args = parser.parse_args()
 
     from qwen_serve import LLM
+    from qwen_serve.bench.machine import describe_machine, machine_header
 
-    cpu = cpu_description()
-    print(f"CPU: {cpu}")
+    machine = describe_machine(measure_bandwidth=False)
+    print(machine_header(machine))
     print(f"model: SmolLM2-135M-Instruct (embedded GGUF), dtype {args.dtype}, greedy, max_tokens {MAX_TOKENS}")
     configs = {"off": {}} | {f"ngram k={k}": dict(speculative="ngram", num_speculative_tokens=k) for k in args.k}
     engines = {name: LLM(dtype=args.dtype, max_batch=8, **options) for name, options in configs.items()}
@@ -126,8 +127,9 @@ def main() -> None:
                       flush=True)
                 rows.append(dict(task=task, batch=batch, speculation=name, identical=same, speedup=speedup,
                                  **{k: v for k, v in r.items() if k != "outputs"}))
-    Path(args.out).write_text(json.dumps(dict(cpu=cpu, dtype=args.dtype, max_tokens=MAX_TOKENS, rows=rows), indent=1))
-    print(f"wrote {args.out}")
+    out = args.out or result_folder("speculative") / "speculative.json"
+    out.write_text(json.dumps(dict(machine=machine, dtype=args.dtype, max_tokens=MAX_TOKENS, rows=rows), indent=1))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

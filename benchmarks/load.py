@@ -26,8 +26,10 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).parent))
-from load_clients import Outcome, machine, percentile, stream_chat  # noqa: E402
+from load_clients import Outcome, stream_chat  # noqa: E402
 
+from qwen_serve.bench.machine import machine_header  # noqa: E402
+from qwen_serve.bench.stats import percentiles  # noqa: E402
 from qwen_serve.conformance.server_process import ServerProcess  # noqa: E402
 
 
@@ -80,8 +82,7 @@ def overload(model: str | None, max_batch: int, max_queue: int, seconds: float, 
           f"{sum(1 for o in served if o.completion_tokens == max_tokens)}")
     ttft = [o.ttft_s for o in served if o.ttft_s is not None]
     e2e = [o.e2e_s for o in served]
-    print(f"  TTFT p50 {percentile(ttft, .5):.2f} s, p95 {percentile(ttft, .95):.2f} s; end-to-end p50 "
-          f"{percentile(e2e, .5):.2f} s, p95 {percentile(e2e, .95):.2f} s; "
+    print(f"  TTFT {p50_p95(ttft)}; end-to-end {p50_p95(e2e)}; "
           f"{sum(o.completion_tokens for o in served) / wall:.1f} output tok/s")
     print(f"  KV blocks used before {baseline['kv_blocks_used']} (cached {baseline['kv_blocks_cached']}), after "
           f"{after['kv_blocks_used']} (cached {after['kv_blocks_cached']})")
@@ -110,8 +111,17 @@ def priority(model: str | None, max_batch: int, seconds: float, max_tokens: int)
         assert all(o.status == 200 for o in outcomes), collections.Counter(o.status for o in outcomes)
         for label in ("high", "low"):
             ttft = [o.ttft_s for o in outcomes if o.label == label and o.ttft_s is not None]
-            print(f"  {policy:9s} {label:5s} {len(ttft):8d} {percentile(ttft, .5):11.2f} {percentile(ttft, .95):11.2f}",
-                  flush=True)
+            p = percentiles(ttft, (50, 95))
+            print(f"  {policy:9s} {label:5s} {len(ttft):8d} {seconds(p['p50']):>11s} {seconds(p['p95']):>11s}", flush=True)
+
+
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def p50_p95(samples: list[float]) -> str:
+    p = percentiles(samples, (50, 95))
+    return f"p50 {seconds(p['p50'])} s, p95 {seconds(p['p95'])} s"
 
 
 def main() -> None:
@@ -123,7 +133,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--max-tokens", type=int, default=32)
     args = p.parse_args()
-    print(f"machine: {machine()}")
+    print(machine_header())
     if args.only in (None, "overload"):
         overload(args.model, args.max_batch, args.max_queue, args.seconds, args.max_tokens)
     if args.only in (None, "priority"):

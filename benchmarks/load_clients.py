@@ -1,42 +1,12 @@
-"""Shared pieces of the serving load scripts (load.py, soak.py): the machine description every
-result carries, a streaming client that times one request, and percentiles."""
+"""The streaming client of the serving load scripts (load.py, soak.py): one chat request, timed
+to its first content event and to [DONE]."""
 from __future__ import annotations
 
 import json
-import math
-import os
-import platform
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
-
-SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
-              "amx_tile", "amx_bf16", "amx_int8")
-
-
-def machine() -> str:
-    """CPU model, core count and SIMD flags (from /proc/cpuinfo), for the record."""
-    model, flags = platform.processor() or "unknown CPU", set()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    simd = " ".join(f for f in SIMD_FLAGS if f in flags) or "none listed"
-    return f"{model}; {os.cpu_count()} CPUs; SIMD flags: {simd}; load average {os.getloadavg()[0]:.2f}"
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest rank; nan for no values."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 @dataclass

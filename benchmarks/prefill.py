@@ -7,7 +7,8 @@
 Each configuration (int4, bfloat16, float32) loads in a fresh subprocess; each length runs one
 prompt of distinct random tokens (no prefix hits) to its first token, best of 3: TTFT is that
 time (the steps that prefill and sample the first token), prefill tok/s the length over it.
-Results go to benchmarks/results/ as JSON with the CPU's model and flags, and as a PNG.
+Results go to benchmarks/results/DATE-NAME/ as JSON with the machine (CPU model and flags,
+versions, commit), and as a PNG.
 """
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from bench_decode import CONFIGS, RESULTS, machine
+from bench_decode import CONFIGS, conditions
+from result_folder import result_folder
+
+from qwen_serve.bench.machine import describe_machine, machine_header
 
 LENGTHS = (16, 32, 48, 64, 72, 96, 128, 192, 256, 384, 512, 1024, 2048)
 REPEATS = 3
@@ -38,7 +41,7 @@ def run_one(model: str, dtype: str, quant: str, lengths: list[int]) -> dict:
         return prefill_s
 
     ttft(32)  # warm-up
-    result = {"machine": machine(), "ttft_s": {}, "prefill_tok_s": {}}
+    result = {"conditions": conditions(), "ttft_s": {}, "prefill_tok_s": {}}
     for n in lengths:
         best = min(ttft(n) for _ in range(REPEATS))
         result["ttft_s"][n], result["prefill_tok_s"][n] = best, n / best
@@ -46,7 +49,7 @@ def run_one(model: str, dtype: str, quant: str, lengths: list[int]) -> dict:
     return result
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, cpu: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -59,7 +62,7 @@ def plot(results: dict, path: Path) -> None:
     axis.set_xscale("log", base=2)
     axis.set_xlabel("prompt tokens")
     axis.set_ylabel("prefill tok/s")
-    axis.set_title(f"prefill by prompt length, {next(iter(results.values()))['machine']['cpu']}", fontsize=9)
+    axis.set_title(f"prefill by prompt length, {cpu}", fontsize=9)
     axis.legend()
     axis.grid(alpha=0.3)
     figure.tight_layout()
@@ -71,7 +74,7 @@ def main() -> None:
     parser.add_argument("--qwen-dir", type=Path, required=True, help="the random Qwen3-0.6B checkpoint (made if absent)")
     parser.add_argument("--configs", default="int4,bfloat16,float32", help=f"of {', '.join(CONFIGS)}")
     parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="prompt lengths in tokens")
-    parser.add_argument("--name", default=f"prefill-{time.strftime('%Y%m%d-%H%M')}")
+    parser.add_argument("--name", default="prefill", help="the results go to results/DATE-NAME/NAME.json and .png")
     parser.add_argument("--one", nargs=2, metavar=("DTYPE", "QUANT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
@@ -82,6 +85,8 @@ def main() -> None:
         from qwen_serve.conformance.models import QWEN3_0_6B, make_qwen3_checkpoint
 
         make_qwen3_checkpoint(args.qwen_dir, QWEN3_0_6B, seed=3, dtype="bfloat16", init_std=0.05)
+    machine = describe_machine(measure_bandwidth=False)
+    print(machine_header(machine), flush=True)
     results = {}
     for name in args.configs.split(","):
         print(f"{name}:", file=sys.stderr, flush=True)
@@ -89,16 +94,15 @@ def main() -> None:
                               "--one", *CONFIGS[name]], check=True, capture_output=True, text=True)
         sys.stderr.write(out.stderr[-4000:] if "Traceback" in out.stderr else "")
         results[name] = json.loads(out.stdout.splitlines()[-1])
-    first = next(iter(results.values()))["machine"]
-    print(f"{first['cpu']}, {first['threads']} threads, flags {' '.join(first['flags'])}")
+    print(f"{next(iter(results.values()))['conditions']['threads']} threads")
     print(f"{'tokens':>8s}" + "".join(f"{name + ' TTFT ms':>18s}{'tok/s':>8s}" for name in results))
     for n in lengths:
         print(f"{n:8d}" + "".join(f"{r['ttft_s'][str(n)] * 1e3:18.1f}{r['prefill_tok_s'][str(n)]:8.0f}"
                                   for r in results.values()))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(results, indent=1))
-    plot(results, RESULTS / f"{args.name}.png")
-    print(f"wrote {RESULTS / args.name}.json and .png")
+    folder = result_folder(args.name)
+    (folder / f"{args.name}.json").write_text(json.dumps({"machine": machine, "runs": results}, indent=1))
+    plot(results, machine["cpu"]["model_name"], folder / f"{args.name}.png")
+    print(f"wrote {folder / args.name}.json and .png")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,9 @@ def main() -> None:
     import torch
 
     from qwen_serve import LLM, SamplingParams
+    from qwen_serve.bench.machine import machine_header
+
+    print(machine_header())
 
     llm = LLM(str(args.qwen_dir), dtype=args.dtype, quant=args.quant, max_batch=max(8, args.batch), kv_blocks=1024)
     engine = llm.engine

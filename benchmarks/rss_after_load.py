@@ -8,7 +8,7 @@ at -np 16 -c 16384 (16,384 tokens of f16 KV, allocated at start). Not run by CI.
 Each server is started alone, driven by `qwen-serve bench` with the side-by-side's decode runs
 (64-token prompts, 128 output tokens, 1 / 8 / 16 streams) and its 512-token prefill, then left
 idle for RSS_SETTLE_S before its RSS (with its children) is read. Prints a markdown table; writes
-benchmarks/results/rss_after_load.json.
+benchmarks/results/DATE-rss-after-load/rss_after_load.json.
 """
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from servers import REPO, RSS_SETTLE_S, RunningServer, ServerCommand, run_bench
+from result_folder import result_folder
+from servers import RSS_SETTLE_S, RunningServer, ServerCommand, run_bench
 from setup_peers import Peers
 from side_by_side import COMMON, DECODE, PER_SLOT_CONTEXT, PREFILL, llama, qwen
 
-from qwen_serve.bench.machine import describe_machine
+from qwen_serve.bench.machine import describe_machine, machine_header
 from qwen_serve.cache_dir import cache_dir
 
 SLOTS = 16  # llama.cpp's slots, each with PER_SLOT_CONTEXT tokens, as in the side-by-side's 16 streams
@@ -58,11 +59,9 @@ def main() -> None:
                 rows.append({"server": command.name, "argv": server.argv, "rss_after_start_mib": round(loaded),
                              "rss_after_load_mib": round(server.resident_mib()), "output_tok_s": tok_s})
     machine = describe_machine()
-    (REPO / "benchmarks" / "results" / "rss_after_load.json").write_text(
+    (result_folder("rss-after-load") / "rss_after_load.json").write_text(
         json.dumps({"measured": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine, "servers": rows}, indent=1) + "\n")
-    cpu = machine["cpu"]
-    print(f"CPU: {cpu['model_name']}, {cpu['usable_cpus']} usable CPUs, flags {' '.join(cpu['key_flags'])}; memory "
-          f"bandwidth {machine.get('memory_bandwidth', {}).get('read_gb_s')} GB/s\n")
+    print(machine_header(machine) + "\n")
     print("| server | RSS after start | RSS after the load, idle | out tok/s c=1 / 8 / 16 |\n|---|---|---|---|")
     for r in rows:
         t = r["output_tok_s"]

@@ -1,21 +1,17 @@
-"""The servers of the side-by-side on loopback (one at a time, or a group up together): how each
-is started, waited for and stopped, and `qwen-serve bench` run against them. Used by side_by_side.py and
-bench_http_vs_inprocess.py."""
+"""The servers of the side-by-side on loopback (one at a time, or a group up together): what each
+is started with, what it uses of the machine, and `qwen-serve bench` run against them. Starting,
+waiting for /health and stopping are the bench's launcher's. Used by side_by_side.py,
+bench_http_vs_inprocess.py, rss_after_load.py, slow_clients.py and bench_ray_scale_out.py."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from qwen_serve.conformance.server_process import free_port
+from qwen_serve.bench.launcher import LaunchedServer
 
 REPO = Path(__file__).resolve().parent.parent
 # Idle seconds after a load before a server's RSS is read (qwen-serve trims its heap after 1 s idle).
@@ -24,70 +20,30 @@ RSS_SETTLE_S = 3.0
 
 @dataclass
 class ServerCommand:
-    """A server to start: argv (with {port} filled in at start), extra environment, a label."""
+    """A server to start: argv (with {port} filled in at start), extra environment, a label;
+    stop_whole_group=False for a command that stops its own children (see LaunchedServer)."""
 
     name: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     startup_timeout_s: float = 600.0
+    stop_whole_group: bool = True
 
 
-class RunningServer:
-    """Started in its own session so stopping it also stops its children (vLLM's engine process)."""
+class RunningServer(LaunchedServer):
+    """A ServerCommand launched, saying when it starts and when it is ready, and what CPU time and
+    memory it and its children use."""
 
     def __init__(self, command: ServerCommand) -> None:
+        super().__init__(command.argv, name=command.name, env=command.env, startup_timeout_s=command.startup_timeout_s,
+                         stop_whole_group=command.stop_whole_group, stop_timeout_s=60.0)
         self.command = command
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = [a.replace("{port}", str(self.port)) for a in command.argv]
-        self.log = Path(tempfile.mkstemp(prefix=f"{command.name}-", suffix=".log")[1])
-        self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "RunningServer":
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **self.command.env)
-        print(f"[{self.command.name}] starting: {' '.join(self.argv)}", flush=True)
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            return self._wait_healthy()
-        except BaseException:  # interrupted or failed: its own session would outlive us otherwise
-            self.stop()
-            raise
-
-    def _wait_healthy(self) -> "RunningServer":
-        start = time.perf_counter()
-        while time.perf_counter() - start < self.command.startup_timeout_s:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"[{self.command.name}] exited with code {self.proc.returncode} while starting:\n"
-                                   f"{self.tail()}")
-            if self._healthy():
-                print(f"[{self.command.name}] ready in {time.perf_counter() - start:.0f} s on {self.url}", flush=True)
-                return self
-            time.sleep(0.5)
-        raise RuntimeError(f"[{self.command.name}] not healthy after {self.command.startup_timeout_s:.0f} s:\n{self.tail()}")
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def _healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)  # our own child's process group
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    def tail(self, chars: int = 4000) -> str:
-        return self.log.read_text(errors="replace")[-chars:]
+    def start(self, ready: bool = True) -> "RunningServer":
+        print(f"[{self.name}] starting: {' '.join(self.argv)}", flush=True)
+        super().start(ready)
+        print(f"[{self.name}] ready in {self.startup_s:.0f} s on {self.url}", flush=True)
+        return self
 
     def cpu_ticks(self) -> dict[int, int]:
         """User + system CPU clock ticks so far of the server and each child, by pid."""
@@ -167,12 +123,3 @@ def write_combined(documents: Sequence[dict], out: Path) -> Path:
     settings = {**first["settings"], "points": [pt for d in documents for pt in d["settings"]["points"]]}
     out.write_text(json.dumps({**first, "settings": settings, "endpoints": [endpoint]}, indent=1) + "\n")
     return out
-
-
-def git_revision() -> str:
-    try:
-        rev = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
-                             text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return rev

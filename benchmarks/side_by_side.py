@@ -8,17 +8,18 @@ drifts is what makes their ratios trustworthy.
     flock /work/cpu.lock python benchmarks/side_by_side.py  # everything (~1 h on 2 cores), then the report
     flock /work/cpu.lock python benchmarks/side_by_side.py --only qwen-int4 --only llama-q4_0   # some servers
     flock /work/cpu.lock python benchmarks/side_by_side.py --in-turns qwen-bf16,llama-bf16,vllm-bf16
-    python benchmarks/side_by_side.py --report              # merge what is measured: JSON, PNG, markdown
+    python benchmarks/side_by_side.py --report --out FOLDER # merge what is measured there: JSON, PNG, markdown
     flock /work/cpu.lock python benchmarks/side_by_side.py --label icelake --only qwen-int4   # a CPU's own sitting
 
 Per server: decode with 64-token prompts and 128 output tokens at concurrency 1, 8, 16, and
 prefill of a 512-token prompt with 1 output token (prefill tok/s, TTFT); 3 repetitions, medians.
 llama.cpp is restarted for each concurrency with -np set to it (-np 1 for prefill). `scheduler`
 runs qwen-serve int4 with --batching static and continuous under the same uneven load and
-samples batch occupancy from /metrics. Results go to benchmarks/results/ (raw/ per server,
-side_by_side.json/.md and PNGs merged); with --label NAME to raw/NAME/ and side_by_side-NAME.*, so
-a sitting on another CPU kind stands beside the others instead of mixing with them. Every server's stdout goes to a temporary log whose
-tail is printed if it fails.
+samples batch occupancy from /metrics. Results go to benchmarks/results/DATE-side-by-side[-LABEL]/
+(raw/ per server, side_by_side.json/.md and PNGs merged, static_vs_continuous.* for the scheduler),
+or to the folder --out names (to add servers to an earlier sitting, or --report it), so a sitting
+on another CPU kind stands beside the others instead of mixing with them. Every server's stdout
+goes to a temporary log whose tail is printed if it fails.
 """
 from __future__ import annotations
 
@@ -31,13 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from result_folder import dated_folder
 from servers import (
-    REPO,
     RSS_SETTLE_S,
     RunningServer,
     ServerCommand,
     combine_launches,
-    git_revision,
     run_bench,
     run_bench_in_turns,
     write_combined,
@@ -45,9 +45,9 @@ from servers import (
 from setup_peers import Peers
 from side_by_side_report import report
 
+from qwen_serve.bench.machine import machine_header, source_commit
 from qwen_serve.cache_dir import cache_dir
 
-RESULTS = REPO / "benchmarks" / "results"
 CONCURRENCY = (1, 8, 16)
 DECODE = ["--prompt-tokens", "64", "--output-tokens", "128", "--concurrency", ",".join(map(str, CONCURRENCY))]
 PREFILL = ["--prefill"]
@@ -85,7 +85,7 @@ def peer_version(name: str, peers: Peers) -> str:
         out = subprocess.run([str(peers.vllm_python), "-c", "import vllm, torch; print('vllm', vllm.__version__, "
                               "'torch', torch.__version__)"], capture_output=True, text=True)
         return out.stdout.strip() or out.stderr.strip()[-300:]
-    return f"qwen-serve {git_revision()}"
+    return f"qwen-serve {source_commit()}"
 
 
 # As a user starts them: int4 with the server's float32 activations (bf16 activations cost on a CPU
@@ -203,9 +203,10 @@ def _idle_cpu(running: dict[str, RunningServer]) -> dict[str, float]:
     return out
 
 
-def scheduler(peers: Peers, raw: Path) -> Path:
+def scheduler(peers: Peers, folder: Path) -> Path:
     """qwen-serve int4 under 16 streams of uneven output length (16-256 tokens), max batch 8:
     static vs continuous batching, with batch occupancy sampled from /metrics."""
+    raw = folder / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     paths = []
     for mode in ("static", "continuous"):
@@ -215,10 +216,10 @@ def scheduler(peers: Peers, raw: Path) -> Path:
             paths.append(run_bench(name, server.url, raw, name, [
                 "--api", "chat", "--tokenizer", str(peers.checkpoint), "--prompt-tokens", "64",
                 "--output-tokens", "16:256", "--concurrency", "16", "--rounds", "2", "--repetitions", "1",
-                "--warmup", "1", "--sample-metrics", "0.1"], f"qwen-serve {git_revision()}; {' '.join(server.argv)}"))
-    subprocess.run([sys.executable, "-m", "qwen_serve", "bench", "--merge", *map(str, paths), "--out", str(RESULTS),
+                "--warmup", "1", "--sample-metrics", "0.1"], f"qwen-serve {source_commit()}; {' '.join(server.argv)}"))
+    subprocess.run([sys.executable, "-m", "qwen_serve", "bench", "--merge", *map(str, paths), "--out", str(folder),
                     "--name", "static_vs_continuous"], check=True)
-    return RESULTS / "static_vs_continuous.json"
+    return folder / "static_vs_continuous.json"
 
 
 def check_groups(parser: argparse.ArgumentParser, groups: list[list[str]], only: list[str] | None) -> None:
@@ -245,13 +246,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true", help="only merge what is measured and write the report")
     parser.add_argument("--peers", type=Path, default=cache_dir("peers"), help="where setup_peers.py put the peers")
     parser.add_argument("--label", default=None, metavar="NAME",
-                        help="keep this sitting apart: raw results in raw/NAME/, the report as side_by_side-NAME.*")
+                        help="name this sitting: its folder is results/DATE-side-by-side-NAME/")
+    parser.add_argument("--out", type=Path, default=None, metavar="FOLDER",
+                        help="measure into (or --report) this folder instead of today's")
     args = parser.parse_args(argv)
-    raw = RESULTS / "raw" / (args.label or "")
+    folder = args.out or dated_folder("side-by-side" + (f"-{args.label}" if args.label else ""))
+    raw = folder / "raw"
     groups = [[n.strip() for n in group.split(",") if n.strip()] for group in args.in_turns]
     check_groups(parser, groups, args.only)
     peers = Peers(args.peers.expanduser().resolve())
     if not args.report:
+        print(machine_header(), flush=True)
         for group in groups:
             try:
                 measure_in_turns(group, peers, raw)
@@ -259,10 +264,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{','.join(group)}: FAILED: {exc}", file=sys.stderr)
         for name in [] if groups else args.only or (*SERVERS, "scheduler"):
             try:
-                scheduler(peers, raw) if name == "scheduler" else measure(name, peers, raw)
+                scheduler(peers, folder) if name == "scheduler" else measure(name, peers, raw)
             except (RuntimeError, subprocess.CalledProcessError) as exc:
                 print(f"{name}: FAILED: {exc}", file=sys.stderr)
-    report(SERVERS, raw, "side_by_side" + (f"-{args.label}" if args.label else ""))
+    report(SERVERS, folder)
     return 0
 
 

@@ -12,9 +12,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from servers import REPO, RSS_SETTLE_S
-
-RESULTS = REPO / "benchmarks" / "results"
+from servers import RSS_SETTLE_S
 
 
 def figure(document: dict, endpoint: str, key: str, concurrency: int, prompt: int = 64, output: int = 128):
@@ -56,19 +54,20 @@ def torch_bandwidth_gb_s() -> float:
     return best / 1e9
 
 
-def report(servers: Sequence[str], raw_dir: Path, name: str = "side_by_side") -> None:
-    """Merge raw_dir/SERVER.json of the `servers` measured (in that order) into NAME.json, its
-    PNGs and NAME.md."""
+def report(servers: Sequence[str], folder: Path, name: str = "side_by_side") -> None:
+    """Merge folder/raw/SERVER.json of the `servers` measured (in that order) into
+    folder/NAME.json, its PNGs and folder/NAME.md."""
+    raw_dir = folder / "raw"
     raw = sorted(p for p in raw_dir.glob("*.json") if p.stem in servers)
     if not raw:
         raise SystemExit(f"nothing measured in {raw_dir} yet: run with --only SERVER first")
     order = {server: i for i, server in enumerate(servers)}
     raw.sort(key=lambda p: order[p.stem])
-    subprocess.run([sys.executable, "-m", "qwen_serve", "bench", "--merge", *map(str, raw), "--out", str(RESULTS),
+    subprocess.run([sys.executable, "-m", "qwen_serve", "bench", "--merge", *map(str, raw), "--out", str(folder),
                     "--name", name], check=True)
-    document = json.loads((RESULTS / f"{name}.json").read_text())
-    (RESULTS / f"{name}.md").write_text(markdown(document, torch_bandwidth_gb_s(), name))
-    print(f"wrote {RESULTS / f'{name}.md'}")
+    document = json.loads((folder / f"{name}.json").read_text())
+    (folder / f"{name}.md").write_text(markdown(document, torch_bandwidth_gb_s(), name))
+    print(f"wrote {folder / f'{name}.md'}")
 
 
 def _sitting(endpoint: dict) -> str | None:

@@ -6,7 +6,7 @@ the whole run. The normal clients' TTFT should stay within 2x of the run alone, 
     flock /work/cpu.lock python benchmarks/slow_clients.py                 # SmolLM2, 500 slow clients
     flock /work/cpu.lock python benchmarks/slow_clients.py --slow 500 --model PATH --quant int4
 
-One server at a time, on loopback. Writes benchmarks/results/slow_clients.json and prints a table.
+One server at a time, on loopback. Writes benchmarks/results/DATE-slow-clients/slow_clients.json and prints a table.
 """
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ import threading
 import time
 from pathlib import Path
 
-from cpu_info import cpu_description
-from servers import REPO, RunningServer, ServerCommand, run_bench
+from result_folder import result_folder
+from servers import RunningServer, ServerCommand, run_bench
+
+from qwen_serve.bench.machine import describe_machine, machine_header
 
 BENCH = ["--prompt-tokens", "64", "--output-tokens", "64", "--concurrency", "8", "--repetitions", "8",
          "--warmup", "1"]  # over a minute on 2 cores, the slow clients held throughout
@@ -84,7 +86,7 @@ def main() -> int:
     parser.add_argument("--slow", type=int, default=500, help="slow connections held open (default 500)")
     parser.add_argument("--model", default=None, help="served model (default: the embedded SmolLM2)")
     parser.add_argument("--quant", default="none")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "slow_clients.json")
+    parser.add_argument("--out", type=Path, help="default: results/DATE-slow-clients/slow_clients.json")
     args = parser.parse_args()
     flags = ["--quant", args.quant] + (["--model", args.model] if args.model else [])
     command = ServerCommand("qwen-serve", [sys.executable, "-m", "qwen_serve", "--port", "{port}", *flags])
@@ -102,17 +104,19 @@ def main() -> int:
         runs["alone_after"] = figures(run_bench("after", url, Path(tmp), "after", bench, "no slow clients, after"))
     alone_p50 = min(runs["alone"]["ttft_p50_s"], runs["alone_after"]["ttft_p50_s"])  # the faster bracket
     ratio = runs["with_slow"]["ttft_p50_s"] / alone_p50
-    document = {"cpu": cpu_description(), "slow_clients": args.slow, "server": command.argv, "runs": runs,
+    machine = describe_machine(measure_bandwidth=False)
+    document = {"machine": machine, "slow_clients": args.slow, "server": command.argv, "runs": runs,
                 "ttft_p50_ratio": ratio, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    args.out.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"CPU: {document['cpu']}")
+    out = args.out or result_folder("slow-clients") / "slow_clients.json"
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    print(machine_header(machine))
     for name, run in runs.items():
         print(f"{name:10s} TTFT p50 {run['ttft_p50_s'] * 1e3:7.0f} ms  p95 {run['ttft_p95_s'] * 1e3:7.0f} ms  "
               f"{run['output_tok_s']:6.1f} tok/s  failed {run['failed']}")
     print(f"TTFT p50 with {args.slow} slow clients (held {runs['with_slow']['held_s']:.0f} s) / the faster run "
           f"alone: {ratio:.2f}x; slow clients' answers "
           f"{runs['with_slow']['slow_statuses']}; RSS {runs['with_slow']['rss_mib'][0]:.0f} -> "
-          f"{runs['with_slow']['rss_mib'][1]:.0f} MiB; wrote {args.out}")
+          f"{runs['with_slow']['rss_mib'][1]:.0f} MiB; wrote {out}")
     return 0
 
 

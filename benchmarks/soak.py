@@ -25,8 +25,9 @@ import aiohttp
 import psutil
 
 sys.path.insert(0, str(Path(__file__).parent))
-from load_clients import machine, stream_chat  # noqa: E402
+from load_clients import stream_chat  # noqa: E402
 
+from qwen_serve.bench.machine import machine_header  # noqa: E402
 from qwen_serve.conformance.server_process import ServerProcess  # noqa: E402
 
 SYSTEM = {"role": "system", "content": " ".join(f"Rule {i}: answer briefly and politely." for i in range(12))}
@@ -78,7 +79,7 @@ def main() -> None:
     p.add_argument("--kv-blocks", type=int, default=96)
     p.add_argument("--margin", type=float, default=0.05, help="allowed RSS growth, as a fraction of the start")
     args = p.parse_args()
-    print(f"machine: {machine()}")
+    print(machine_header())
     server = ServerProcess([*(["--model", args.model] if args.model else []), "--max-batch", "4", "--max-queue", "8",
                             "--kv-blocks", str(args.kv_blocks)]).start()
     try:

@@ -1,85 +1,45 @@
-"""A real `python -m qwen_serve` process on loopback, for HTTP checks and tests.
-
-The server runs as a subprocess on a free port; start() waits for GET /health and, when the
-process dies or never answers, fails with the tail of its output so the cause is visible.
+"""A real `python -m qwen_serve` process on loopback, for HTTP checks and tests: the bench's
+launcher (a free port, wait for GET /health, the tail of the output when it fails) running our
+own command, plus the requests the checks make.
 """
 from __future__ import annotations
 
 import http.client
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, Mapping, Sequence
 
-LOOPBACK = "127.0.0.1"
+from qwen_serve.bench.launcher import LOOPBACK, PORT, LaunchedServer
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
+class ServerProcess(LaunchedServer):
+    """`python -m qwen_serve [entry...] --host 127.0.0.1 --port PORT args...`; `entry` names a
+    subcommand (("ray",)). SIGTERM goes to the server alone: it stops what it started itself."""
 
-
-class ServerProcess:
-    def __init__(self, args: Sequence[str], startup_timeout_s: float = 120.0, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, args: Sequence[str], startup_timeout_s: float = 120.0, env: Mapping[str, str] | None = None,
+                 entry: Sequence[str] = ()) -> None:
         self.args = list(args)
-        self.env = dict(env or {})  # added to the server's environment (e.g. QWEN_SERVE_PLUGIN_MODULES)
-        self.startup_timeout_s = startup_timeout_s
-        self.port = free_port()
-        self.url = f"http://{LOOPBACK}:{self.port}"
+        super().__init__([sys.executable, "-m", "qwen_serve", *entry, "--host", LOOPBACK, "--port", PORT, *self.args],
+                         name="qwen-serve", env=env, startup_timeout_s=startup_timeout_s, stop_whole_group=False,
+                         stop_timeout_s=15.0)
         self.base_url = f"{self.url}/v1"
-        fd, self._log_path = tempfile.mkstemp(prefix="qwen-serve-", suffix=".log")
-        os.close(fd)
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "qwen_serve", "--host", LOOPBACK, "--port", str(self.port), *self.args]
 
     def start(self, ready: bool = True) -> "ServerProcess":
-        """Wait until /health says ok, or with ready=False only until the port answers (the
-        server answers 503 "loading" while the model loads)."""
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **self.env)
-        with open(self._log_path, "ab") as log:  # append mode: our reads never move the child's writes
-            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + self.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {self.proc.returncode} before answering /health\n"
-                                   f"{' '.join(self.command)}\n{self.output()[-4000:]}")
-            try:
-                status, _, _ = self.request("GET", "/health", timeout=2.0)
-                if status == 200 or not ready:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.1)
-        self._terminate()
-        raise RuntimeError(f"server did not answer /health within {self.startup_timeout_s:.0f} s\n{self.output()[-4000:]}")
+        super().start(ready)
+        return self
 
     def stop(self, exited: bool = False) -> None:
-        """Terminate the server; fails, with its output, if it had died on its own (unless the
-        caller made it exit: exited=True)."""
+        """Terminate the server and remove its log; fails, with its output, if it had died on its
+        own (unless the caller made it exit: exited=True)."""
         died = not exited and self.proc is not None and self.proc.poll() is not None
-        self._terminate()
+        self.terminate()
         output = self.output()
-        os.unlink(self._log_path)
+        os.unlink(self.log)
         if died:
             raise RuntimeError(f"the server exited (code {self.proc.returncode}) while tests were using it\n"
                                f"{output[-4000:]}")
-
-    def _terminate(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
 
     def send_signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
@@ -87,14 +47,6 @@ class ServerProcess:
     def wait_exit(self, timeout_s: float) -> int:
         """The exit code, once the process has exited (subprocess.TimeoutExpired after timeout_s)."""
         return self.proc.wait(timeout=timeout_s)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def output(self) -> str:
-        """Everything the server printed so far (stdout and stderr)."""
-        with open(self._log_path, "rb") as log:
-            return log.read().decode("utf-8", errors="replace")
 
     # --- raw HTTP -----------------------------------------------------------------------
     def connection(self, timeout: float = 120.0) -> http.client.HTTPConnection:

@@ -4,7 +4,7 @@ controlled test plugin, --max-batch 2 --max-queue 4)."""
 from __future__ import annotations
 
 import pytest
-from server_process import controlled_env, set_step_delay, shared_server
+from server_fixtures import controlled_env, set_step_delay, shared_server
 
 MAX_BATCH, MAX_QUEUE = 2, 4
 MAX_SEQ_LEN = 256

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from qwen_serve.conformance.server_process import LOOPBACK, ServerProcess
+from qwen_serve.bench.launcher import LOOPBACK
+from qwen_serve.conformance.server_process import ServerProcess
 
 
 def connect(server: ServerProcess, receive_buffer: int | None = None) -> socket.socket:

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from server_process import KEEPALIVE
+from stream_checks import KEEPALIVE
 
 from qwen_serve.conformance.server_process import ServerProcess
 

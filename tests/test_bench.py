@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from qwen_serve.bench.endpoint import EndpointSpec
@@ -56,6 +57,21 @@ def test_percentiles_interpolate_linearly_between_order_statistics():
     assert result == pytest.approx({"p50": 50.5, "p95": 95.05, "p99": 99.01})
     assert percentiles([7.0]) == {"p50": 7.0, "p95": 7.0, "p99": 7.0}
     assert percentiles([]) == {"p50": None, "p95": None, "p99": None}
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 20, 101])
+def test_every_percentile_in_the_repository_is_numpys_linear_interpolation(size):
+    """The bench's (and with it every benchmark script's) and the server's /metrics figures."""
+    from qwen_serve.server.metrics import percentiles as served_percentiles
+
+    samples = np.random.default_rng(size).lognormal(size=size).tolist()
+    quantiles = (50, 90, 95, 99)
+    expected = np.percentile(samples, quantiles)  # method="linear", numpy's default
+    assert percentiles(samples, quantiles) == pytest.approx({f"p{q}": float(e) for q, e in zip(quantiles, expected)})
+    served = served_percentiles(iter(samples))  # the server keeps a deque; any iterable
+    assert served == pytest.approx({"p50": expected[0], "p95": expected[2]}, abs=1e-3)
+    if size == 2:  # halfway between the two, where the nearest rank would give the smaller one
+        assert percentiles(samples, (50,))["p50"] == pytest.approx(sum(samples) / 2)
 
 
 def record(sent: float, times: list[float], out: int, prompt: int = 64, asked: int = 4) -> RequestRecord:
@@ -126,6 +142,16 @@ def test_cpu_info_reads_the_first_processor():
     assert info["model_name"] == "Intel(R) Xeon(R) Platinum 8488C" and info["model"] == "143"
     assert info["key_flags"] == ["avx2", "avx512f", "amx_tile", "amx_bf16"]
     assert "sse" in info["flags"]
+
+
+def test_one_cpuinfo_parser_for_x86_and_arm():
+    from qwen_serve.cpu import first_processor, flags_of, key_flags, model_name_of
+
+    arm = first_processor("processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd sve\n\nprocessor\t: 1\n")
+    assert flags_of(arm) == {"fp", "asimd", "sve"} and key_flags(flags_of(arm)) == []
+    assert model_name_of(arm)  # the platform's name where /proc/cpuinfo gives none
+    x86 = first_processor("model name\t: A CPU\nflags\t\t: avx512f fma avx2 amx_tile\n")
+    assert model_name_of(x86) == "A CPU" and key_flags(flags_of(x86)) == ["avx2", "fma", "avx512f", "amx_tile"]
 
 
 # --- JSON and plots -----------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from server_process import smollm2_server  # noqa: F401 (fixture)
+from server_fixtures import smollm2_server  # noqa: F401 (fixture)
 
 from qwen_serve.conformance.models import smollm2_gguf
 

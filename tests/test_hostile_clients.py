@@ -14,7 +14,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from raw_http import connect, head, post, read_until_closed, slow_body_head
-from server_process import own_server, request_log
+from server_fixtures import own_server, request_log
 
 from qwen_serve.server.app import UNREAD_BODY_LINGER_S
 from qwen_serve.server.connections import ConnectionGuard

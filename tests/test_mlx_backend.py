@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 import pytest
-from server_process import parse_sse
+from stream_checks import parse_sse
 
 from qwen_serve import LLM, SamplingParams
 from qwen_serve.conformance.http_client import running_server

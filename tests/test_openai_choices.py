@@ -17,10 +17,10 @@ from aiohttp import web
 from chat_stream import JoinedStream, reply_message
 from prometheus_client import CollectorRegistry
 
+from qwen_serve.bench.launcher import LOOPBACK, free_port
 from qwen_serve.checkpoints.tokenizer import Tokenizer
 from qwen_serve.conformance.models import QWEN3_CHAT_TEMPLATE
 from qwen_serve.conformance.qwen_tokenizer import qwen_tokenizer_json_path
-from qwen_serve.conformance.server_process import LOOPBACK, free_port
 from qwen_serve.engine.detokenizer import IncrementalDetokenizer
 from qwen_serve.engine.engine import RequestOutput
 from qwen_serve.server.app import ChatServer, ServerInfo, ServerOptions

@@ -25,9 +25,10 @@ import time
 import openai
 import pytest
 from raw_http import connect, read_until_closed, slow_body_head
-from server_process import StreamCollector, openai_client, own_server
+from server_fixtures import openai_client, own_server
+from stream_checks import StreamCollector
 
-from qwen_serve.conformance.server_process import LOOPBACK, ServerProcess
+from qwen_serve.conformance.server_process import ServerProcess
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'qwen-serve[ray]')")
 serve = pytest.importorskip("ray.serve")
@@ -41,12 +42,8 @@ class RayServer(ServerProcess):
 
     def __init__(self, address: str, app_name: str, args: list[str]) -> None:
         super().__init__(["--address", address, "--app-name", app_name, "--cpus-per-replica", "0.5", *args],
-                         startup_timeout_s=240.0)
+                         startup_timeout_s=240.0, entry=["ray"])
         self.app_name = app_name
-
-    @property
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "qwen_serve", "ray", "--host", LOOPBACK, "--port", str(self.port), *self.args]
 
     def start(self) -> "RayServer":
         """Returns once every replica is up (the ingress listens before the engines have loaded)."""

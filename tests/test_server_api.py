@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from server_process import StreamCollector, openai_client, parse_sse, smollm2_model_name, smollm2_server  # noqa: F401 (fixtures)
+from server_fixtures import openai_client, smollm2_model_name, smollm2_server  # noqa: F401 (fixtures)
+from stream_checks import StreamCollector, parse_sse
 
 from qwen_serve import LLM, SamplingParams
 

@@ -10,9 +10,9 @@ import sys
 
 import openai
 import pytest
-from server_process import own_server
+from server_fixtures import own_server
 
-from qwen_serve.conformance.server_process import free_port
+from qwen_serve.bench.launcher import free_port
 
 BODY = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3}
 PROTECTED = [("GET", "/v1/models", None), ("POST", "/v1/chat/completions", BODY), ("GET", "/v1/no-such-route", None)]

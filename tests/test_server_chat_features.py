@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tokenizers
 from chat_stream import JoinedStream, reply_message
-from server_process import openai_client, own_server
+from server_fixtures import openai_client, own_server
 
 from qwen_serve.conformance.models import IM_END
 

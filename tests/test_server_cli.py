@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from server_process import smollm2_server  # noqa: F401 (fixture)
+from server_fixtures import smollm2_server  # noqa: F401 (fixture)
 
 DOCUMENTED_FLAGS = ("--model", "--quant", "--port", "--max-batch", "--kv-blocks", "--block-size", "--chunk-size",
               "--backend", "--kv-cache", "--dtype", "--host", "--step-budget", "--max-seq-len", "--seed",

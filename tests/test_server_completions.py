@@ -6,7 +6,7 @@ import json
 
 import pytest
 from chat_stream import JoinedStream
-from server_process import openai_client, smollm2_model_name, smollm2_server  # noqa: F401 (fixtures)
+from server_fixtures import openai_client, smollm2_model_name, smollm2_server  # noqa: F401 (fixtures)
 
 from qwen_serve import LLM, SamplingParams
 

@@ -12,7 +12,8 @@ import time
 
 import openai
 import pytest
-from server_process import StreamCollector, own_server, smollm2_model_name, smollm2_server  # noqa: F401 (fixtures)
+from server_fixtures import own_server, smollm2_model_name, smollm2_server  # noqa: F401 (fixtures)
+from stream_checks import StreamCollector
 
 TOPICS = ["a lighthouse", "a violin", "the moon", "a bakery", "a glacier", "a robot", "a garden", "a train"]
 LONG_MAX_TOKENS = 3000  # far more than can be generated before the test disconnects

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import openai
 import pytest
-from server_process import StreamCollector, controlled_env, request_log, set_step_delay
+from server_fixtures import controlled_env, request_log, set_step_delay
 from sse_client import KEEPALIVE, SSEClient
+from stream_checks import StreamCollector
 
 from qwen_serve.conformance.server_process import ServerProcess
 

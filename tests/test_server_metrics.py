@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_process import own_server
+from server_fixtures import own_server
 
 KV_BLOCKS = 96
 DOCUMENTED_FIELDS = ("uptime_s", "requests_total", "requests_active", "queue_depth", "ttft_ms", "tpot_ms",

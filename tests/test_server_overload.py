@@ -20,8 +20,9 @@ import openai
 import pytest
 from overload_server import MAX_BATCH, MAX_QUEUE
 from prometheus_client.parser import text_string_to_metric_families
-from server_process import StreamCollector, request_log
+from server_fixtures import request_log
 from sse_client import SSEClient
+from stream_checks import StreamCollector
 
 CLIENTS = 4 * (MAX_BATCH + MAX_QUEUE)
 HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",

@@ -8,7 +8,8 @@ import json
 
 import jsonschema
 import pytest
-from server_process import StreamCollector, openai_client, smollm2_model_name, smollm2_server  # noqa: F401
+from server_fixtures import openai_client, smollm2_model_name, smollm2_server  # noqa: F401
+from stream_checks import StreamCollector
 from test_structured_output import SCHEMAS, SEARCH, WEATHER
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},

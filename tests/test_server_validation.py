@@ -7,7 +7,8 @@ import threading
 import time
 
 import pytest
-from server_process import own_server, parse_sse
+from server_fixtures import own_server
+from stream_checks import parse_sse
 
 MAX_SEQ_LEN = 256
 HELLO = [{"role": "user", "content": "Hello"}]

@@ -44,9 +44,11 @@ def test_ratio_rows_say_whether_their_two_servers_took_turns_in_one_sitting():
     assert "`side_by_side-zen5-latency.png`" in side_by_side_report.markdown(doc, 30.0, "side_by_side-zen5")
 
 
-def test_a_labelled_report_reads_its_own_sitting_only(tmp_path):
-    with pytest.raises(SystemExit, match="nothing measured in .*zen5"):
-        side_by_side_report.report(side_by_side.SERVERS, tmp_path / "zen5", "side_by_side-zen5")
+def test_a_report_reads_its_own_sittings_folder_only(tmp_path):
+    (tmp_path / "2026-12-01-side-by-side" / "raw").mkdir(parents=True)
+    (tmp_path / "2026-12-01-side-by-side" / "raw" / "qwen-int4.json").write_text("{}")
+    with pytest.raises(SystemExit, match="nothing measured in .*2026-12-03-side-by-side-zen5/raw"):
+        side_by_side_report.report(side_by_side.SERVERS, tmp_path / "2026-12-03-side-by-side-zen5")
 
 
 @pytest.mark.parametrize("argv, needle", [

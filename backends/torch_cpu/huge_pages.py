@@ -7,7 +7,7 @@ weights are copied into one anonymous mapping advised ``MADV_HUGEPAGE``, 2 MiB-a
 (2 cores), the same engine alternating between this copy of its weights and one in 4 KiB pages
 took 11% less per int4 single-stream step (median of 40 turns; 13% by the best turn), 6% in
 bfloat16 and 3% for int4 at 8 streams (``python benchmarks/bench_huge_pages.py``,
-``benchmarks/results/huge_pages-*.json``).
+``benchmarks/results/2026-12-02-huge-pages/``).
 Where the madvise is unknown (not Linux) or refused, the weights stay where they are.
 """
 from __future__ import annotations

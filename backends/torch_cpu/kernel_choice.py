@@ -33,12 +33,13 @@ import numpy as np
 import torch
 
 from qwen_serve.cache_dir import cache_dir
+from qwen_serve.cpu import cpu_model
 from qwen_serve.errors import ModelLoadError
 from qwen_serve.quant.int4 import GROUP, Int4Weight
 
 from .int4_linear import Int4Linear, Int8Linear
 from .linear import DenseLinear, runs_bf16_kernel
-from .native import Kernels, build_key, cpu_features, cpu_model, has_fast_bf16_matmul
+from .native import Kernels, build_key, cpu_features, has_fast_bf16_matmul
 from .path_plan import CLASS_LABELS, ONEDNN, PATHS, ROW_CLASSES, PathPlan
 from .tiles import Scratch
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen_serve.cache_dir import cache_dir
+from qwen_serve.cpu import cpu_flags
 
 log = logging.getLogger("qwen_serve.torch")
 SOURCE_DIR = Path(__file__).parent / "kernels"
@@ -53,28 +54,6 @@ class Kernels:
     bf16: bool = False
 
 
-@lru_cache(maxsize=1)
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields in /proc/cpuinfo, read once: the flags do not change while the
-    process runs, and parsing the file took 2% of a single-stream step while the layout asked for
-    the kernels every step (the model now keeps its own)."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if not line.strip() and fields:
-                break
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return fields
-
-
-@lru_cache(maxsize=1)
-def _cpu_flags() -> frozenset[str]:
-    return frozenset(_cpuinfo().get("flags", "").split())
-
-
 def disabled_features() -> frozenset[str]:
     names = [n.strip().lower() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()]
     return frozenset(f for n in names for f in FEATURE_GROUPS.get(n, (n,)))
@@ -82,7 +61,7 @@ def disabled_features() -> frozenset[str]:
 
 def cpu_features() -> frozenset[str]:
     """The CPU's flags (as /proc/cpuinfo names them) less those disabled by the environment."""
-    return _cpu_flags() - disabled_features()
+    return cpu_flags() - disabled_features()
 
 
 def has_fast_bf16_matmul() -> bool:
@@ -123,11 +102,6 @@ def build_key() -> str:
     for path in _sources():
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
-
-
-def cpu_model() -> str:
-    """The CPU's model name as /proc/cpuinfo gives it ("" where it does not)."""
-    return _cpuinfo().get("model name", "")
 
 
 @lru_cache(maxsize=1)

@@ -133,10 +133,9 @@ def print_kernels(args: argparse.Namespace) -> int:
     machine has no cached choice for the model's shapes."""
     from ..engine.builder import build_engine
     from ..protocols import ChoosesKernels
-    from .machine import cpu_info
+    from .machine import machine_header
 
-    cpu = cpu_info()
-    print(f"CPU {cpu['model_name']} ({cpu['usable_cpus']} usable), flags: {' '.join(cpu['key_flags'])}")
+    print(machine_header())
     parts = build_engine(args.model, args.backend, dtype=args.dtype, quant=args.quant, calibrate=False)
     table = parts.executor.kernel_table() if isinstance(parts.executor, ChoosesKernels) else []
     print("\n".join(table) if table else f"the {args.backend} backend chose no compute paths for this model")

@@ -1,9 +1,11 @@
 """The machine a result was measured on: CPU model and flags, memory bandwidth measured on the
-spot, software versions. Every benchmark result carries this."""
+spot, software versions and the source's commit. Every benchmark result carries this, and every
+benchmark script prints machine_header() above its figures."""
 from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,34 +15,26 @@ from typing import Any
 
 import numpy as np
 
-# The flags that decide which kernels a CPU can run (the rest are kept in "flags" too).
-KEY_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
-             "amx_tile", "amx_int8", "amx_bf16", "amx_fp16")
+from ..cpu import KEY_FLAGS, first_processor, flags_of, key_flags, model_name_of, this_processor
+
+SOURCE = Path(__file__).resolve().parent  # resolved: a symlinked package still finds its checkout
+VERSIONED = ("qwen-serve", "aiohttp", "numpy", "torch", "mlx")
 
 
 def cpu_info(cpuinfo: str | None = None) -> dict[str, Any]:
-    """Model name, vendor/family/model/stepping and flags of the first processor in /proc/cpuinfo."""
-    if cpuinfo is None:
-        path = Path("/proc/cpuinfo")
-        cpuinfo = path.read_text() if path.exists() else ""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        if not line.strip():
-            if fields:
-                break  # the first processor is enough
-            continue
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
-    flags = fields.get("flags", "").split()
+    """Model name, vendor/family/model/stepping and flags of the first processor of /proc/cpuinfo
+    (this machine's, or the `cpuinfo` text given)."""
+    fields = this_processor() if cpuinfo is None else first_processor(cpuinfo)
+    flags = sorted(flags_of(fields))
     return {
-        "model_name": fields.get("model name") or platform.processor() or platform.machine(),
+        "model_name": model_name_of(fields),
         "vendor": fields.get("vendor_id"),
         "family": fields.get("cpu family"),
         "model": fields.get("model"),
         "stepping": fields.get("stepping"),
         "logical_cpus": os.cpu_count(),
         "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "key_flags": [f for f in KEY_FLAGS if f in flags],
+        "key_flags": key_flags(flags),
         "flags": flags,
     }
 
@@ -62,8 +56,10 @@ def memory_bandwidth(mib: int = 512, repeats: int = 7, threads: int | None = Non
 
 
 def versions() -> dict[str, str]:
+    """Python, the platform and the installed versions of what the figures depend on (read from
+    the distributions' metadata, so torch is not imported for it)."""
     out = {"python": sys.version.split()[0], "platform": platform.platform()}
-    for dist in ("qwen-serve", "aiohttp", "numpy"):
+    for dist in VERSIONED:
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -71,8 +67,36 @@ def versions() -> dict[str, str]:
     return out
 
 
+def source_commit() -> str:
+    """`git describe --always --dirty` of the checkout qwen_serve runs from ("unknown" outside one)."""
+    try:
+        return subprocess.run(["git", "-C", str(SOURCE), "describe", "--always", "--dirty"], capture_output=True,
+                              text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def describe_machine(measure_bandwidth: bool = True) -> dict[str, Any]:
-    info: dict[str, Any] = {"cpu": cpu_info(), "versions": versions(), "load_average": os.getloadavg()}
+    info: dict[str, Any] = {"cpu": cpu_info(), "versions": versions(), "commit": source_commit(),
+                            "load_average": os.getloadavg()}
     if measure_bandwidth:
         info["memory_bandwidth"] = memory_bandwidth()
     return info
+
+
+def machine_header(machine: dict[str, Any] | None = None) -> str:
+    """The lines that head a result: CPU and its key flags, bandwidth when measured, versions,
+    commit (this machine's now when no recorded `machine` is given)."""
+    machine = machine or describe_machine(measure_bandwidth=False)
+    cpu, versions = machine["cpu"], dict(machine.get("versions", {}))
+    bandwidth = machine.get("memory_bandwidth", {}).get("read_gb_s")
+    load = machine.get("load_average")
+    return "\n".join([
+        f"CPU: {cpu['model_name']} ({cpu.get('usable_cpus')} usable CPUs); "
+        f"flags: {' '.join(cpu['key_flags']) or 'none of ' + ', '.join(KEY_FLAGS)}"
+        + (f"; memory bandwidth {bandwidth} GB/s" if bandwidth is not None else ""),
+        f"versions: {', '.join(f'{name} {v}' for name, v in versions.items() if name != 'platform')}; "
+        f"{versions.get('platform', 'platform not recorded')}",
+        f"commit: {machine.get('commit', 'not recorded')}"
+        + (f"; load average {load[0]:.2f}" if load else ""),
+    ])

@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from .machine import machine_header
+
 SCHEMA = "qwen-serve-bench/1"
 
 
@@ -52,7 +54,7 @@ def _fmt(value: Any, scale: float = 1.0, digits: int = 1) -> str:
 def format_table(document: dict[str, Any]) -> str:
     header = (f"{'endpoint':16s} {'prompt':>6s} {'output':>9s} {'conc':>4s} {'out tok/s':>10s} {'req/s':>7s} "
               f"{'in tok/s':>9s} {'TTFT p50/p95/p99 ms':>22s} {'ITL p50/p95/p99 ms':>21s} {'fail':>4s}")
-    lines = [header]
+    lines = [machine_header(document["machine"]), header]
     for endpoint in document["endpoints"]:
         for r in endpoint["results"]:
             ttft = "/".join(_fmt(r["ttft_s"][k], 1e3, 0) for k in ("p50", "p95", "p99"))
@@ -60,8 +62,4 @@ def format_table(document: dict[str, Any]) -> str:
             lines.append(f"{endpoint['name'][:16]:16s} {r['prompt_tokens']:6d} {str(r['output_tokens']):>9s} "
                          f"{r['concurrency']:4d} {_fmt(r['output_tok_s']):>10s} {_fmt(r['requests_s'], digits=2):>7s} "
                          f"{_fmt(r['input_tok_s']):>9s} {ttft:>22s} {itl:>21s} {r['failed']:4d}")
-    cpu = document["machine"]["cpu"]
-    bandwidth = document["machine"].get("memory_bandwidth", {}).get("read_gb_s")
-    lines.append(f"CPU: {cpu['model_name']} ({cpu['usable_cpus']} usable CPUs; {' '.join(cpu['key_flags'])}); "
-                 f"memory bandwidth {bandwidth} GB/s")
     return "\n".join(lines)

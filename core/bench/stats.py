@@ -46,13 +46,14 @@ class RequestRecord:
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
 
-def percentiles(samples: Sequence[float]) -> dict[str, float | None]:
-    """p50/p95/p99 with linear interpolation between order statistics (numpy's default, the
-    convention of vLLM's and SGLang's serving benchmarks); None when there are no samples."""
+def percentiles(samples: Sequence[float], quantiles: Sequence[float] = PERCENTILES) -> dict[str, float | None]:
+    """{"p50": ..., "p95": ..., "p99": ...} (or the `quantiles` asked, in percent) with linear
+    interpolation between order statistics: numpy's default, the convention of vLLM's and
+    SGLang's serving benchmarks, and of every script in benchmarks/. None when there are no samples."""
     if len(samples) == 0:
-        return {f"p{q}": None for q in PERCENTILES}
-    values = np.percentile(np.asarray(samples, dtype=np.float64), PERCENTILES)
-    return {f"p{q}": float(v) for q, v in zip(PERCENTILES, values)}
+        return {f"p{q:g}": None for q in quantiles}
+    values = np.percentile(np.asarray(samples, dtype=np.float64), quantiles)
+    return {f"p{q:g}": float(v) for q, v in zip(quantiles, values)}
 
 
 @dataclass

@@ -8,12 +8,12 @@ the same registry.
 """
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from dataclasses import asdict
 from typing import Any, Iterable
 
+import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -21,14 +21,14 @@ WINDOW = 2048  # latency samples kept for percentiles
 
 
 def percentiles(samples: Iterable[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    if not ordered:
+    """p50 and p95 in ms with linear interpolation between order statistics (numpy's default), the
+    convention of `qwen-serve bench` and the benchmark scripts, so a figure here and there compare;
+    0.0 before the first sample."""
+    values = np.fromiter(samples, dtype=np.float64)
+    if values.size == 0:
         return {"p50": 0.0, "p95": 0.0}
-
-    def pick(q: float) -> float:  # nearest rank: the smallest sample with at least q of them at or below
-        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-    return {"p50": round(pick(0.50), 3), "p95": round(pick(0.95), 3)}
+    p50, p95 = np.percentile(values, (50, 95))
+    return {"p50": round(float(p50), 3), "p95": round(float(p95), 3)}
 
 
 class ServerMetrics:

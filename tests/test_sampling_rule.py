@@ -137,3 +137,22 @@ def test_seeds_cover_int64_and_wrap_like_torch():
     assert first[0] == first[1] == rule.make_generator(2**64 - 1).random()
     assert rule.make_generator(-2**63).random() != rule.make_generator(2**63 - 1).random()
 
+
+def full_sort_top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Top-p the plain way: sort the whole vocabulary, keep while the mass before is below top_p."""
+    order = np.argsort(-probs, kind="stable")
+    mass_before = np.cumsum(probs[order]) - probs[order]
+    out = np.zeros_like(probs)
+    out[order] = np.where(mass_before < top_p, probs[order], 0.0)
+    return out
+
+
+@pytest.mark.parametrize("spread", [0.5, 3.0, 12.0])  # flat to confident
+@pytest.mark.parametrize("top_p", [1e-9, 0.5, 0.95, 0.999999])
+def test_top_p_sorting_only_likely_tokens_equals_sorting_all(spread, top_p):
+    rng = np.random.default_rng(int(spread * 10))
+    for _ in range(5):
+        row = (rng.standard_normal(20_000) * spread).astype(np.float32)
+        free = rule.weights(row, SamplingParams(temperature=1.0))
+        np.testing.assert_array_equal(rule.weights(row, SamplingParams(temperature=1.0, top_p=top_p)),
+                                      full_sort_top_p(free, top_p))

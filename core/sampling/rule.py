@@ -93,15 +93,27 @@ def weights(row: np.ndarray, p: SamplingParams) -> np.ndarray:
     probs = np.exp(scaled)
     probs /= probs.sum()
     if p.top_p < 1.0:
-        kept = np.flatnonzero(probs)  # a zero (top-k's, or underflowed) can't matter: sort only the rest
-        order = kept[np.argsort(-probs[kept])]
+        order, mass_through = nucleus_candidates(probs, p.top_p)
         descending = probs[order]
-        mass_before = np.cumsum(descending) - descending  # 0 for the first: it always stays
+        mass_before = mass_through - descending  # 0 for the first: it always stays
         probs[:] = 0.0
         probs[order] = np.where(mass_before < p.top_p, descending, 0.0)
     if p.min_p > 0:  # top-p never removes the most likely token, so this max is softmax's
         probs[probs < p.min_p * probs.max()] = 0.0
     return probs
+
+
+def nucleus_candidates(probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens top-p might keep, most likely first, and their running mass. Tokens below
+    (1 - top_p) / vocab hold less than 1 - top_p together and sort after all the others, so top-p
+    drops them: only the rest is sorted (a few hundred of Qwen3's 151,936 on a confident step),
+    unless rounding leaves the rest short of top_p; zeros are never sorted."""
+    for kept in (np.flatnonzero(probs >= (1.0 - top_p) / probs.size), np.flatnonzero(probs)):
+        order = kept[np.argsort(-probs[kept])]
+        mass_through = np.cumsum(probs[order])
+        if mass_through.size and mass_through[-1] >= top_p:
+            break
+    return order, mass_through
 
 
 def draw(weights: np.ndarray, generator: np.random.Generator) -> int:

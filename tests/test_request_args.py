@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 import torch
-from server_process import openai_client, own_server
+from server_fixtures import openai_client, own_server
 from transformers import NoRepeatNGramLogitsProcessor
 
 from qwen_serve import LLM, SamplingParams

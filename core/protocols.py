@@ -6,13 +6,12 @@ Optional abilities of a KV cache are separate runtime-checkable Protocols, so th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol, Sequence, runtime_checkable
 
 from .models.config import ModelConfig
 from .sampling.adjustment import BatchAdjustment, LogitsAdjustment
 from .sampling.params import SamplingParams
-from .sampling.rule import SampleResult
 
 
 @dataclass(frozen=True)
@@ -172,6 +171,12 @@ class StepBatch:
         return sum(len(c.token_ids) for c in self.chunks)
 
 
+@dataclass(frozen=True)
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None] = field(default_factory=list)
+
+
 @runtime_checkable
 class QuantizedLinear(Protocol):
     """y = x @ W.T for a weight stored in a compressed format."""
@@ -191,10 +196,9 @@ class Sampler(Protocol):
     """Turns logits into tokens; each request draws from its own generator, seeded once.
 
     ``adjustment`` (only passed when some row has one) holds the logits processors' changes as
-    numpy arrays; the sampler applies them first (penalties, biases, masks), greedy rows
-    included, then temperature, top-k, softmax, top-p, min-p and the draw. Log-probabilities stay
-    the model's own, before any of that. The built-in backends share one implementation of this
-    rule (``sampling.numpy_sampler.NumpySampler`` over ``sampling.rule``); a backend may bring its own.
+    numpy arrays; the sampler applies them to its own tensors first (penalties, biases, masks),
+    greedy rows included, then temperature, top-k, softmax, top-p, min-p and the draw.
+    Log-probabilities stay the model's own, before any of that.
     """
 
     def make_generator(self, seed: int) -> Any: ...

@@ -34,8 +34,6 @@ from pathlib import Path
 import engine_timing
 from result_folder import result_folder
 
-from qwen_serve.bench.machine import describe_machine, machine_header
-
 CONFIGS = {"int4": ("float32", "int4"), "float32": ("float32", "none"), "bfloat16": ("bfloat16", "none")}
 DECODE_STEPS = 32
 PAIRED_RUNS = 7  # batch-1 runs, each paired with a bandwidth reading
@@ -163,6 +161,11 @@ def main() -> None:
         from qwen_serve.conformance.models import QWEN3_0_6B, make_qwen3_checkpoint
 
         make_qwen3_checkpoint(args.qwen_dir, QWEN3_0_6B, seed=3, dtype="bfloat16", init_std=0.05)
+    from qwen_serve.bench.machine import (  # here: --one may run a --before tree without it
+        describe_machine,
+        machine_header,
+    )
+
     machine = describe_machine(measure_bandwidth=False)
     print(machine_header(machine), flush=True)
     trees = ([("before", args.before)] if args.before else []) + [("after", None)]

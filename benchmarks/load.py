@@ -112,16 +112,16 @@ def priority(model: str | None, max_batch: int, seconds: float, max_tokens: int)
         for label in ("high", "low"):
             ttft = [o.ttft_s for o in outcomes if o.label == label and o.ttft_s is not None]
             p = percentiles(ttft, (50, 95))
-            print(f"  {policy:9s} {label:5s} {len(ttft):8d} {seconds(p['p50']):>11s} {seconds(p['p95']):>11s}", flush=True)
+            print(f"  {policy:9s} {label:5s} {len(ttft):8d} {in_seconds(p['p50']):>11s} {in_seconds(p['p95']):>11s}", flush=True)
 
 
-def seconds(value: float | None) -> str:
+def in_seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
 def p50_p95(samples: list[float]) -> str:
     p = percentiles(samples, (50, 95))
-    return f"p50 {seconds(p['p50'])} s, p95 {seconds(p['p95'])} s"
+    return f"p50 {in_seconds(p['p50'])} s, p95 {in_seconds(p['p95'])} s"
 
 
 def main() -> None:

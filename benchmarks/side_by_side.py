@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                 scheduler(peers, folder) if name == "scheduler" else measure(name, peers, raw)
             except (RuntimeError, subprocess.CalledProcessError) as exc:
                 print(f"{name}: FAILED: {exc}", file=sys.stderr)
-    report(SERVERS, folder)
+    report(SERVERS, folder, "side_by_side" + (f"-{args.label}" if args.label else ""))
     return 0
 
 

@@ -88,15 +88,15 @@ def machine_header(machine: dict[str, Any] | None = None) -> str:
     """The lines that head a result: CPU and its key flags, bandwidth when measured, versions,
     commit (this machine's now when no recorded `machine` is given)."""
     machine = machine or describe_machine(measure_bandwidth=False)
-    cpu, versions = machine["cpu"], dict(machine.get("versions", {}))
+    cpu, recorded = machine["cpu"], dict(machine.get("versions", {}))
     bandwidth = machine.get("memory_bandwidth", {}).get("read_gb_s")
     load = machine.get("load_average")
     return "\n".join([
         f"CPU: {cpu['model_name']} ({cpu.get('usable_cpus')} usable CPUs); "
         f"flags: {' '.join(cpu['key_flags']) or 'none of ' + ', '.join(KEY_FLAGS)}"
         + (f"; memory bandwidth {bandwidth} GB/s" if bandwidth is not None else ""),
-        f"versions: {', '.join(f'{name} {v}' for name, v in versions.items() if name != 'platform')}; "
-        f"{versions.get('platform', 'platform not recorded')}",
+        f"versions: {', '.join(f'{name} {v}' for name, v in recorded.items() if name != 'platform')}; "
+        f"{recorded.get('platform', 'platform not recorded')}",
         f"commit: {machine.get('commit', 'not recorded')}"
         + (f"; load average {load[0]:.2f}" if load else ""),
     ])

@@ -66,12 +66,12 @@ class LLM:
     def generate(self, prompts: Sequence[str | Sequence[int]] | str,
                  params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[CompletionOutput]:
         """One CompletionOutput per choice, prompt by prompt and each prompt's n choices in index
-        order: len(prompts) * params.n outputs (one per prompt for the default n = 1). params may
+        order: the sum of each prompt's n outputs (one per prompt for the default n = 1). params may
         be one per prompt (as vLLM's), all run in the same batches."""
         if isinstance(prompts, str):
             prompts = [prompts]
         token_lists = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        return self._run(token_lists, params or SamplingParams())
+        return self._run(token_lists, SamplingParams() if params is None else params)
 
     def chat(self, conversations: Sequence[Sequence[Mapping[str, Any]]], params: SamplingParams | None = None,
              tools: Sequence[Mapping[str, Any]] | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
@@ -88,7 +88,7 @@ class LLM:
         kwargs = {**template_context, **(chat_template_kwargs or {})}
         rendered = [self.chat_format.render(parse_messages(list(c)), offered, template_kwargs=kwargs)
                     for c in conversations]
-        outputs = self._run([r.token_ids for r in rendered], params or SamplingParams())
+        outputs = self._run([r.token_ids for r in rendered], SamplingParams() if params is None else params)
         by_prompt = {tuple(r.token_ids): r for r in rendered}  # outputs may be several per prompt (n)
         for out in outputs:
             out.message = self.chat_format.output_parser(by_prompt[tuple(out.prompt_token_ids)]).parse(out.text)

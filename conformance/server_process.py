@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
-from qwen_serve.bench.launcher import LOOPBACK, PORT, LaunchedServer
+from qwen_serve.bench.launcher import LOOPBACK, PORT, TAIL_CHARS, LaunchedServer
 
 
 class ServerProcess(LaunchedServer):
@@ -39,7 +39,7 @@ class ServerProcess(LaunchedServer):
         os.unlink(self.log)
         if died:
             raise RuntimeError(f"the server exited (code {self.proc.returncode}) while tests were using it\n"
-                               f"{output[-4000:]}")
+                               f"{output[-TAIL_CHARS:]}")
 
     def send_signal(self, sig: int) -> None:
         self.proc.send_signal(sig)

@@ -6,7 +6,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
+from ..percentiles import percentiles as shared_percentiles
 
 PERCENTILES = (50, 95, 99)
 
@@ -47,13 +47,8 @@ class RequestRecord:
 
 
 def percentiles(samples: Sequence[float], quantiles: Sequence[float] = PERCENTILES) -> dict[str, float | None]:
-    """{"p50": ..., "p95": ..., "p99": ...} (or the `quantiles` asked, in percent) with linear
-    interpolation between order statistics: numpy's default, the convention of vLLM's and
-    SGLang's serving benchmarks, and of every script in benchmarks/. None when there are no samples."""
-    if len(samples) == 0:
-        return {f"p{q:g}": None for q in quantiles}
-    values = np.percentile(np.asarray(samples, dtype=np.float64), quantiles)
-    return {f"p{q:g}": float(v) for q, v in zip(quantiles, values)}
+    """p50/p95/p99 by default (qwen_serve.percentiles' rule, shared with the server's /metrics)."""
+    return shared_percentiles(samples, quantiles)
 
 
 @dataclass

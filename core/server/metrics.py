@@ -13,22 +13,19 @@ from collections import deque
 from dataclasses import asdict
 from typing import Any, Iterable
 
-import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ..percentiles import percentiles as shared_percentiles
 
 WINDOW = 2048  # latency samples kept for percentiles
 
 
 def percentiles(samples: Iterable[float]) -> dict[str, float]:
-    """p50 and p95 in ms with linear interpolation between order statistics (numpy's default), the
-    convention of `qwen-serve bench` and the benchmark scripts, so a figure here and there compare;
-    0.0 before the first sample."""
-    values = np.fromiter(samples, dtype=np.float64)
-    if values.size == 0:
-        return {"p50": 0.0, "p95": 0.0}
-    p50, p95 = np.percentile(values, (50, 95))
-    return {"p50": round(float(p50), 3), "p95": round(float(p95), 3)}
+    """p50 and p95 in ms by the rule `qwen-serve bench` and the benchmark scripts use (so a figure
+    here and there compare); 0.0 before the first sample."""
+    return {name: 0.0 if value is None else round(value, 3)
+            for name, value in shared_percentiles(samples, (50, 95)).items()}
 
 
 class ServerMetrics:

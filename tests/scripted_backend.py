@@ -18,6 +18,12 @@ from qwen_serve.protocols import SampleResult
 SCRIPTS_ENV = "QWEN_SERVE_SCRIPTS"
 
 
+def scripted_server_env(scripts_path: str) -> dict[str, str]:
+    """The environment of a server that loads this plugin and answers from the scripts file."""
+    return {"QWEN_SERVE_PLUGIN_MODULES": "scripted_backend", SCRIPTS_ENV: scripts_path,
+            "PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
+
+
 class ScriptCursor:
     """One request's place in its script (the sampler's per-request 'generator')."""
 

@@ -1,5 +1,5 @@
-"""API keys on real servers: every route with no key, a wrong key and each right key (raw HTTP
-and the openai client); /health and the OpenAPI document stay open; /metrics is behind the key
+"""API keys on real servers: every route with no key, a wrong key and each right key (raw HTTP,
+the openai client, and the anthropic client with x-api-key or a Bearer token); /health and the OpenAPI document stay open; /metrics is behind the key
 unless --metrics-public; keys come from --api-key (several) or QWEN_SERVE_API_KEY
 (comma-separated); listening beyond loopback without a key prints a warning."""
 from __future__ import annotations
@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import anthropic
 import openai
 import pytest
 from server_fixtures import own_server
@@ -85,6 +86,23 @@ def test_the_openai_client_with_a_wrong_and_a_right_key(keyed):
         chunks = list(client.chat.completions.create(model=model, messages=BODY["messages"], max_tokens=3,
                                                      stream=True))
         assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_the_anthropic_client_with_x_api_key_and_bearer(keyed):
+    """Claude Code sends its key in x-api-key (ANTHROPIC_API_KEY) or as a Bearer token
+    (ANTHROPIC_AUTH_TOKEN); a refusal is in Anthropic's error shape."""
+    message = {"model": "any", "max_tokens": 3, "messages": BODY["messages"]}
+    for headers in ({"x-api-key": "wrong"}, {"x-api-key": "key-one", "Authorization": "Bearer wrong"}):
+        status, _, raw = keyed.request("POST", "/v1/messages", message, headers=headers)
+        assert status == 401 and json.loads(raw)["error"]["type"] == "authentication_error", raw
+    for headers in ({"x-api-key": "key-one"}, {"Authorization": "Bearer key-two"}):
+        status, _, raw = keyed.request("POST", "/v1/messages", message, headers=headers)
+        assert status == 200, raw
+    with anthropic.Anthropic(base_url=keyed.url, api_key="key-two", max_retries=0) as client:
+        assert client.messages.create(**message).usage.output_tokens == 3
+    with anthropic.Anthropic(base_url=keyed.url, api_key="not-the-key", max_retries=0) as client:
+        with pytest.raises(anthropic.AuthenticationError):
+            client.messages.create(**message)
 
 
 def test_keys_from_the_environment_and_public_metrics(env_keyed):

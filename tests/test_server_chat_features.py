@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from pathlib import Path
 
 import pytest
 import tokenizers
 from chat_stream import JoinedStream, reply_message
+from scripted_backend import scripted_server_env
 from server_fixtures import openai_client, own_server
 
 from qwen_serve.conformance.models import IM_END
@@ -90,9 +90,7 @@ def scripts(qwen3_tiny, tmp_path_factory) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def server(qwen3_tiny, scripts):
-    env = {"QWEN_SERVE_PLUGIN_MODULES": "scripted_backend", "QWEN_SERVE_SCRIPTS": scripts["_path"],
-           "PYTHONPATH": str(Path(__file__).parent)}
-    yield from own_server(["--model", str(qwen3_tiny), "--backend", "scripted"], env=env)
+    yield from own_server(["--model", str(qwen3_tiny), "--backend", "scripted"], env=scripted_server_env(scripts["_path"]))
 
 
 @pytest.fixture(scope="module")

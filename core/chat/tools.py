@@ -78,13 +78,25 @@ class ToolDefinition(Body):
     function: FunctionDefinition
 
 
-def _tools(definitions: list[ToolDefinition]) -> tuple[Tool, ...]:
-    names = [d.function.name for d in definitions]
+def function_tool(name: str, description: str | None, parameters: dict[str, Any] | None) -> Tool:
+    """A function tool as chat templates render one (OpenAI's shape, whatever API offered it)."""
+    function = {"name": name, "description": description, "parameters": parameters}
+    spec = {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
+    return Tool(name, parameters or NO_PARAMETERS, spec)
+
+
+def distinct_names(tools: tuple[Tool, ...], name_path: str) -> tuple[Tool, ...]:
+    """``tools`` if no two share a name; name_path is the path of tool i's name with {i} in it."""
+    names = [t.name for t in tools]
     for i, name in enumerate(names):
         if name in names[:i]:
-            raise InvalidRequest(f"{name!r} is offered twice", param=f"[{i}].function.name")
-    return tuple(Tool(d.function.name, d.function.parameters or NO_PARAMETERS, d.model_dump(exclude_none=True))
-                 for d in definitions)
+            raise InvalidRequest(f"{name!r} is offered twice", param=name_path.format(i=i))
+    return tools
+
+
+def _tools(definitions: list[ToolDefinition]) -> tuple[Tool, ...]:
+    return distinct_names(tuple(Tool(d.function.name, d.function.parameters or NO_PARAMETERS,
+                                     d.model_dump(exclude_none=True)) for d in definitions), "[{i}].function.name")
 
 
 Tools = Annotated[list[ToolDefinition], AfterValidator(_tools)]

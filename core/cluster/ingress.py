@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from ..chat.format import ChatFormat
 from ..checkpoints.checkpoint import load_checkpoint
 from ..checkpoints.default_model import default_model_path
-from ..openai.responses import json_response
+from ..openai.bodies import json_response
 from ..registry import load_registry
 from ..server.app import ChatServer, ServerInfo
 from ..server.prometheus import RequestMetrics

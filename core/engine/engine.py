@@ -40,6 +40,7 @@ class RequestOutput:
     new_logprobs: list[dict[int, float] | None] = field(default_factory=list)
     index: int = 0  # which of the request's n choices (SamplingParams.n) this output belongs to
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (set on the final output)
+    stop_reason: str | int | None = None  # what ended a "stop": the stop string or stop token id (None: EOS)
 
 
 class Engine:
@@ -278,23 +279,24 @@ class Engine:
             seq.first_token_time = now
         seq.output_token_ids.append(token)
         seq.output_logprobs.append(logprobs)
-        reason = None
+        reason, stop_reason = None, None
         verdict = self._advance_logits_states(seq, token)
         if verdict == "error":
             reason = "error"
         elif (token in self.model_config.eos_token_ids and not seq.params.ignore_eos) or token in seq.params.stop_token_ids:
             reason = "stop"  # the token ends the text without being part of it
+            stop_reason = token if token in seq.params.stop_token_ids else None
         else:
             seq.detokenizer.add(token)
             if seq.detokenizer.stopped_by is not None or verdict == "complete":
-                reason = "stop"
+                reason, stop_reason = "stop", seq.detokenizer.stopped_by
             elif len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
                 reason = "length"
         if reason is not None:
             self._retire(seq, reason)
         text = seq.detokenizer.release(final=reason is not None)
         return RequestOutput(seq.request_id, [token], text, reason is not None, reason, [logprobs],
-                             index=seq.index, num_cached_tokens=seq.num_cached_prompt_tokens)
+                             index=seq.index, num_cached_tokens=seq.num_cached_prompt_tokens, stop_reason=stop_reason)
 
     def _advance_logits_states(self, seq: Sequence, token: int) -> str | None:
         """"complete" when a processor says nothing but EOS may follow, "error" when one rejects the token."""
@@ -311,4 +313,4 @@ def _merge_outputs(first: RequestOutput, then: RequestOutput) -> RequestOutput:
     """One request's outputs of one step as one (a verified chunk emits several tokens)."""
     return RequestOutput(first.request_id, first.new_token_ids + then.new_token_ids, first.new_text + then.new_text,
                          then.finished, then.finish_reason, first.new_logprobs + then.new_logprobs,
-                         index=then.index, num_cached_tokens=then.num_cached_tokens)
+                         index=then.index, num_cached_tokens=then.num_cached_tokens, stop_reason=then.stop_reason)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from contextlib import aclosing
-from dataclasses import replace
 from typing import Any, Callable
 
 from aiohttp import web
@@ -17,11 +16,11 @@ from aiohttp import web
 from ..chat.output_parser import ChatOutputParser, MessageDelta
 from ..checkpoints.tokenizer import Tokenizer
 from ..engine.engine import RequestOutput
+from .bodies import chat_choice, chat_chunk, chat_completion, delta_choice, new_completion_id
 from .logprobs import chat_logprob_entry
 from .protocol import parse_chat_request
-from .responses import chat_choice, chat_chunk, chat_completion, delta_choice, new_completion_id
-from .serving import ReplyTally, ServedModel, answer_json, answer_stream
-from .structured import structured_output
+from .serving import ChunkWriter, ReplyTally, ServedModel, answer_json, answer_stream
+from .turn import start_turn
 
 
 class ChatCompletions:
@@ -35,26 +34,16 @@ class ChatCompletions:
         refusal = served.refuse_model(req.model)
         if refusal is not None:
             return refusal
-        chat_format = served.chat_format
-        rendered = chat_format.render(req.messages, req.tools, req.tool_choice, req.template_kwargs)
-        params = served.fit_default_max_tokens(req.params, len(rendered.token_ids), req.max_tokens_given)
-        structured = structured_output(req.response_format, req.tool_choice, req.tools,
-                                       chat_format.constraint_start(rendered))
-        if structured is not None:
-            params = replace(params, structured=structured)
-        tally = ReplyTally(new_completion_id(), params.n, len(rendered.token_ids), arrival)
-        outputs = served.engine.generate(tally.id, rendered.token_ids, params, arrival,
-                                         priority=req.priority)  # validates
-        served.metrics.record_request()
-        choices = [_Choice(i, lambda: chat_format.output_parser(rendered), served.tokenizer, params.logprobs)
-                   for i in range(params.n)]
-        async with aclosing(outputs):
+        turn = start_turn(served, req.turn, new_completion_id(), arrival)
+        tally = ReplyTally(turn.reply_id, turn.params.n, len(turn.rendered.token_ids), arrival)
+        choices = [_Choice(i, turn.new_parser, served.tokenizer, turn.params.logprobs) for i in range(turn.params.n)]
+        async with aclosing(turn.outputs) as outputs:
             keyed = ((out.index, out, 0) async for out in outputs)
             if req.stream:
-                return await answer_stream(
-                    served, request, keyed, tally, choices, req.include_usage,
+                return await answer_stream(served, request, keyed, tally, ChunkWriter(
+                    tally, choices, req.include_usage,
                     lambda bodies, usage: chat_chunk(tally.id, served.name, tally.created, bodies, usage),
-                    opening=[delta_choice(c.index, {"role": "assistant"}) for c in choices])
+                    opening=[delta_choice(c.index, {"role": "assistant"}) for c in choices]))
             return await answer_json(served, keyed, tally, choices, lambda bodies, usage: chat_completion(
                 tally.id, served.name, tally.created, bodies, usage))
 

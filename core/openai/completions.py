@@ -14,10 +14,10 @@ from aiohttp import web
 
 from ..checkpoints.tokenizer import Tokenizer
 from ..engine.engine import RequestOutput
+from .bodies import new_completion_id, text_choice, text_completion
 from .logprobs import LegacyLogprobs
 from .protocol import parse_completion_request
-from .responses import new_completion_id, text_choice, text_completion
-from .serving import ReplyTally, ServedModel, answer_json, answer_stream
+from .serving import ChunkWriter, ReplyTally, ServedModel, answer_json, answer_stream
 from .streaming import merge_streams
 
 
@@ -48,7 +48,8 @@ class Completions:
         async with aclosing(merge_streams(streams)) as outputs:
             keyed = ((prompt * n + out.index, out, prompt) async for prompt, out in outputs)
             if req.stream:
-                return await answer_stream(served, request, keyed, tally, choices, req.include_usage, body)
+                return await answer_stream(served, request, keyed, tally,
+                                           ChunkWriter(tally, choices, req.include_usage, body))
             return await answer_json(served, keyed, tally, choices, body)
 
 

@@ -27,6 +27,7 @@ from ..chat.validation import Body, Integer, integer, parse_json_object, validat
 from ..errors import InvalidRequest
 from ..sampling.params import SamplingParams
 from .structured import ResponseFormatField
+from .turn import ChatTurn
 
 MAX_N = 128  # OpenAI's limit; whether n choices fit the KV pool is the engine's check
 MAX_STOPS = 16
@@ -151,6 +152,11 @@ class ChatCompletionRequest(SamplingFields, TemplateFields):
     top_logprobs: integer(ge=0, le=20) | None = Field(None, description="needs logprobs: true")
     tool_choice: ToolChoiceField = Field("auto", validate_default=True)
     response_format: ResponseFormatField | None = None
+
+    @property
+    def turn(self) -> ChatTurn:
+        return ChatTurn(self.messages, self.params, self.tools, self.tool_choice, self.template_kwargs,
+                        self.response_format, self.max_tokens_given, self.priority)
 
     @model_validator(mode="after")
     def _between_fields(self) -> ChatCompletionRequest:

@@ -17,8 +17,8 @@ from ..engine.async_engine import EngineFailure
 from ..engine.client import EngineClient
 from ..engine.engine import RequestOutput
 from ..sampling.params import SamplingParams
-from .responses import error_body, json_response, model_not_found, now, usage
-from .streaming import EventStream, sse
+from .bodies import error_body, json_response, model_not_found, now, usage
+from .streaming import DONE, EventStream, sse
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,12 @@ class ReplyTally:
     def failed(self) -> bool:
         return "error" in self.finish_reasons.values()
 
+    @property
+    def cached_tokens(self) -> int:
+        return sum(self._cached_tokens.values())
+
     def usage(self) -> dict[str, Any]:
-        return usage(self.prompt_tokens, self.completion_tokens, sum(self._cached_tokens.values()))
+        return usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
 
 
 class StreamedChoice(Protocol):
@@ -116,51 +120,95 @@ class StreamedChoice(Protocol):
     def json_choice(self) -> dict[str, Any]: ...
 
 
+class StreamWriter(Protocol):
+    """How one API writes a reply as Server-Sent Events; answer_stream drives it."""
+
+    def opening(self) -> bytes:
+        """The events that open the stream (sent with the first event after them)."""
+
+    def events(self, index: int, out: RequestOutput) -> list[bytes]:
+        """The events an output of choice ``index`` makes (an output ending in an engine error
+        makes its text's events only: ``error`` follows)."""
+
+    def closing(self) -> list[bytes]:
+        """The events after every choice has finished, the API's end marker among them."""
+
+    def error(self, message: str) -> list[bytes]:
+        """The events that end a stream the engine failed after it opened."""
+
+
 # (choice index, output, engine request number) as outputs arrive
 Outputs = AsyncIterator[tuple[int, RequestOutput, int]]
 
 
 async def answer_json(served: ServedModel, outputs: Outputs, tally: ReplyTally, choices: Sequence[StreamedChoice],
                       body: Callable[[list[dict[str, Any]], dict[str, Any]], dict[str, Any]]) -> web.Response:
-    """Collect every choice, then answer ``body(choices, usage)`` (a 500 if the engine failed)."""
-    async for index, out, request in outputs:  # an EngineFailure: the error middleware answers with its status
+    """Collect every choice, then answer ``body(choices, usage)``; an engine failure is raised for
+    the error middleware to answer in the route's error shape."""
+    async for index, out, request in outputs:
         tally.record(out, index, request)
         choices[index].record(out)
     if tally.failed:
-        return json_response(error_body("internal error while generating", type_="server_error"), status=500)
+        raise EngineFailure("internal error while generating")
     served.record_finished(tally)
     return json_response(body([c.json_choice() for c in choices], tally.usage()))
 
 
 async def answer_stream(served: ServedModel, request: web.Request, outputs: Outputs, tally: ReplyTally,
-                        choices: Sequence[StreamedChoice], include_usage: bool,
-                        chunk: Callable[[list[dict[str, Any]], dict[str, Any] | None], dict[str, Any]],
-                        opening: Sequence[dict[str, Any]] = ()) -> web.StreamResponse:
-    """SSE: the opening chunk choices, then each output's chunk, each choice's finish chunk, and
-    the usage once: on the last finish chunk, or (include_usage) on one more chunk without choices.
-    The response opens with the first event after the opening (an error before that is raised
-    for the error middleware to answer with a status)."""
-    stream = EventStream(request, b"".join(sse(chunk([body], None)) for body in opening), served.keepalive_s,
-                         served.write_timeout_s)
+                        writer: StreamWriter) -> web.StreamResponse:
+    """SSE as ``writer`` writes it. The response opens with the first event after the opening
+    (an error before that is raised for the error middleware to answer with a status)."""
+    stream = EventStream(request, writer.opening(), served.keepalive_s, served.write_timeout_s)
     try:
         async with aclosing(stream.relay(outputs)) as events:
             async for index, out, request_number in events:
                 tally.record(out, index, request_number)
-                choice = choices[index]
-                choice_body = choice.stream(out)
-                if choice_body is not None:
-                    await stream.send(sse(chunk([choice_body], None)))
-                if out.finished:
-                    if out.finish_reason == "error":
-                        raise EngineFailure("internal error while generating")
-                    last = tally.done and not include_usage
-                    await stream.send(sse(chunk([choice.finish_chunk()], tally.usage() if last else None)))
-        if include_usage:
-            await stream.send(sse(chunk([], tally.usage())))
+                for event in writer.events(index, out):
+                    await stream.send(event)
+                if out.finish_reason == "error":
+                    raise EngineFailure("internal error while generating")
+        ending = writer.closing()
     except EngineFailure as exc:
         if not stream.opened:
             raise
-        await stream.send(sse(error_body(str(exc), type_="server_error")))
+        ending = writer.error(str(exc))
     else:
         served.record_finished(tally)
+    for event in ending:
+        await stream.send(event)
     return await stream.close()
+
+
+class ChunkWriter:
+    """The OpenAI stream of chat and legacy completions: a chunk per choice event, each
+    choice's finish chunk, the usage once (on the last finish chunk, or with include_usage on
+    one more chunk without choices), then ``data: [DONE]``."""
+
+    def __init__(self, tally: ReplyTally, choices: Sequence[StreamedChoice], include_usage: bool,
+                 chunk: Callable[[list[dict[str, Any]], dict[str, Any] | None], dict[str, Any]],
+                 opening: Sequence[dict[str, Any]] = ()) -> None:
+        self.tally = tally
+        self.choices = choices
+        self.include_usage = include_usage
+        self.chunk = chunk
+        self._opening = opening
+
+    def opening(self) -> bytes:
+        return b"".join(sse(self.chunk([body], None)) for body in self._opening)
+
+    def events(self, index: int, out: RequestOutput) -> list[bytes]:
+        choice = self.choices[index]
+        events = []
+        body = choice.stream(out)
+        if body is not None:
+            events.append(sse(self.chunk([body], None)))
+        if out.finished and out.finish_reason != "error":
+            last = self.tally.done and not self.include_usage
+            events.append(sse(self.chunk([choice.finish_chunk()], self.tally.usage() if last else None)))
+        return events
+
+    def closing(self) -> list[bytes]:
+        return ([sse(self.chunk([], self.tally.usage()))] if self.include_usage else []) + [DONE]
+
+    def error(self, message: str) -> list[bytes]:
+        return [sse(error_body(message, type_="server_error")), DONE]

@@ -1,7 +1,8 @@
 """Server-Sent Events and request output streams.
 
-An SSE body is ``data: <compact JSON>`` events, each followed by a blank line, ending with
-``data: [DONE]``. A client that goes away closes the output generators (under aclosing), which
+An SSE body is ``data: <compact JSON>`` events (with an ``event:`` line where the API names
+them), each followed by a blank line, ending with the API's end marker (OpenAI's
+``data: [DONE]``). A client that goes away closes the output generators (under aclosing), which
 aborts their requests so their KV blocks return to the pool at once.
 
 The response opens only when there is something to send, which keeps the choice of status: a
@@ -26,9 +27,11 @@ T = TypeVar("T")
 _END = object()
 
 
-def sse(payload: dict[str, Any]) -> bytes:
-    """One event carrying compact JSON."""
-    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+def sse(payload: dict[str, Any], event: str | None = None) -> bytes:
+    """One event carrying compact JSON, named when the API names its events (Anthropic's and
+    the Responses API's clients dispatch on the name)."""
+    data = b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    return data if event is None else f"event: {event}\n".encode() + data
 
 
 async def merge_streams(streams: Sequence[AsyncIterator[Any]]) -> AsyncGenerator[tuple[int, Any], None]:
@@ -110,7 +113,9 @@ class EventStream:
             raise ConnectionResetError(f"the client read nothing for {self.write_timeout_s:g} s") from None
 
     async def close(self) -> web.StreamResponse:
-        await self.send(DONE)
+        """End the response (the API's own end marker was the last event sent)."""
+        if not self.opened:  # nothing was sent at all
+            await self.send(b"")
         await self.response.write_eof()
         return self.response
 

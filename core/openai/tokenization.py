@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from .bodies import json_response
 from .protocol import parse_detokenize_request, parse_tokenize_request
-from .responses import json_response
 from .serving import ServedModel
 
 

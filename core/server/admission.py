@@ -10,7 +10,7 @@ from typing import Callable
 
 from aiohttp import web
 
-from ..openai.responses import error_body, json_response
+from .error_replies import error_reply
 
 MAX_RETRY_AFTER_S = 60
 
@@ -61,10 +61,9 @@ class Admission:
                 return await handler(request)
             if not self.try_enter():
                 self._on_reject()
-                return json_response(
-                    error_body(f"the server is at capacity ({self.max_batch} running + {self.max_queue} "
-                               "waiting requests); retry later", type_="rate_limit_error", code="queue_full"),
-                    status=429, headers={"Retry-After": str(self.retry_after_s())})
+                return error_reply(request, 429, f"the server is at capacity ({self.max_batch} running + "
+                                   f"{self.max_queue} waiting requests); retry later", type_="rate_limit_error",
+                                   code="queue_full", headers={"Retry-After": str(self.retry_after_s())})
             try:
                 return await handler(request)
             finally:

@@ -1,9 +1,10 @@
 """The aiohttp application: routes, the gates in front of them, and the small endpoints.
 
-The OpenAI endpoints themselves live in qwen_serve.openai; this module only wires them to paths.
+The API endpoints themselves live in qwen_serve.openai and qwen_serve.anthropic; this module
+only wires them to paths.
 Connections pass a guard first (connections.py: caps on open connections, a deadline for each
 request head). Every request then passes, outermost first: the error middleware (every client
-mistake becomes a 4xx with an OpenAI error body before any SSE byte is sent), API keys (401),
+mistake becomes a 4xx in its API's error shape before any SSE byte is sent), API keys (401),
 the lifecycle gate (503 while loading, draining or dead), the body read under its deadline (408)
 and bounded admission (429), so only a request whose body has arrived holds a slot. The port
 opens before the model has loaded: ``attach`` hands over the engine once it has warmed up.
@@ -19,14 +20,15 @@ from typing import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
+from ..anthropic.messages import Messages
 from ..chat.format import ChatFormat
 from ..checkpoints.tokenizer import Tokenizer
 from ..engine.async_engine import EngineDead, EngineFailure, EngineUnavailable, QueueTimeout, ShuttingDown
 from ..engine.client import EngineClient
 from ..errors import InvalidRequest
+from ..openai.bodies import json_response
 from ..openai.chat import ChatCompletions
 from ..openai.completions import Completions
-from ..openai.responses import error_body, json_response
 from ..openai.serving import ServedModel
 from ..openai.tokenization import Tokenization
 from .admission import Admission
@@ -40,6 +42,7 @@ from .connections import (
     GuardedSite,
     ServerLog,
 )
+from .error_replies import error_reply
 from .lifecycle import Lifecycle, lifecycle_gate
 from .metrics import ServerMetrics
 from .openapi import openapi_document
@@ -51,7 +54,7 @@ MAX_BODY_BYTES = 4 * 2**20
 # the answer rather than a reset; a stranger refused with a 401 should cost no more than a moment.
 UNREAD_BODY_LINGER_S = 2.0
 METRICS_PATHS = ("/metrics", "/metrics/prometheus")
-ALWAYS_OPEN = ("/health", "/openapi.json")
+ALWAYS_OPEN = ("/", "/health", "/openapi.json")
 FAILURE_CODES = {EngineDead: "engine_dead", QueueTimeout: "queue_timeout", ShuttingDown: "shutting_down"}
 
 
@@ -121,12 +124,13 @@ class ChatServer:
         open_paths = ALWAYS_OPEN + (METRICS_PATHS if self.options.metrics_public else ())
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[
             self.connections.middleware(),
-            self.openai_errors,
+            self.api_errors,
             require_api_key(self.options.api_keys, open_paths),
             lifecycle_gate(self.lifecycle, ALWAYS_OPEN, METRICS_PATHS),
             read_body_first(self.options.request_timeout_s),
             self.admission.middleware(is_generation),
         ])
+        app.router.add_get("/", self.root)  # and HEAD, which Claude Code sends first
         app.router.add_get("/health", self.health)
         app.router.add_get("/openapi.json", self.openapi)
         app.router.add_get("/v1/models", self.models)
@@ -134,6 +138,8 @@ class ChatServer:
         app.router.add_get("/metrics/prometheus", self.metrics_prometheus)
         app.router.add_post("/v1/chat/completions", self._handler(lambda served: ChatCompletions(served).handle))
         app.router.add_post("/v1/completions", self._handler(lambda served: Completions(served).handle))
+        app.router.add_post("/v1/messages", self._handler(lambda served: Messages(served).create))
+        app.router.add_post("/v1/messages/count_tokens", self._handler(lambda served: Messages(served).count_tokens))
         app.router.add_post("/tokenize", self._handler(lambda served: Tokenization(served).tokenize))
         app.router.add_post("/detokenize", self._handler(lambda served: Tokenization(served).detokenize))
         return app
@@ -151,17 +157,18 @@ class ChatServer:
         return GuardedSite(runner, host, port, self.connections)
 
     @web.middleware
-    async def openai_errors(self, request: web.Request, handler) -> web.StreamResponse:
-        """Turn every failure into an OpenAI error body; bad input is never a 500."""
+    async def api_errors(self, request: web.Request, handler) -> web.StreamResponse:
+        """Turn every failure into an error body in the shape of the route's API; bad input is
+        never a 500."""
         try:
             return await handler(request)
         except InvalidRequest as exc:
-            return json_response(error_body(str(exc), param=exc.param), status=400)
+            return error_reply(request, 400, str(exc), param=exc.param)
         except EngineFailure as exc:  # before any SSE byte: the status can still say it
             unavailable = isinstance(exc, EngineUnavailable)
             headers = {"Retry-After": str(self.admission.retry_after_s())} if isinstance(exc, QueueTimeout) else None
-            return json_response(error_body(str(exc), type_="server_error", code=FAILURE_CODES.get(type(exc))),
-                                 status=503 if unavailable else 500, headers=headers)
+            return error_reply(request, 503 if unavailable else 500, str(exc), type_="server_error",
+                               code=FAILURE_CODES.get(type(exc)), headers=headers)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -170,7 +177,7 @@ class ChatServer:
                        405: f"method {request.method} not allowed on {request.path}",
                        408: f"the request body did not arrive within {self.options.request_timeout_s:g} s",
                        413: f"request body exceeds {MAX_BODY_BYTES} bytes"}.get(exc.status, exc.reason)
-            response = json_response(error_body(message), status=exc.status, headers=headers)
+            response = error_reply(request, exc.status, message, headers=headers)
             if exc.status in (408, 413):  # the rest of the body may still come: it is no next request
                 response.force_close()
             return response
@@ -181,8 +188,7 @@ class ChatServer:
         except Exception:
             error_id = uuid.uuid4().hex[:12]
             log.exception("unhandled error %s in %s %s", error_id, request.method, request.path)
-            return json_response(error_body(f"internal server error (id {error_id})", type_="server_error"),
-                                 status=500)
+            return error_reply(request, 500, f"internal server error (id {error_id})", type_="server_error")
 
     # --- endpoints ----------------------------------------------------------------------
     def _handler(self, make: Callable[[ServedModel], Callable[[web.Request], Awaitable[web.StreamResponse]]]):
@@ -194,6 +200,9 @@ class ChatServer:
             return await make(self.served)(request)
 
         return handle
+
+    async def root(self, request: web.Request) -> web.Response:
+        return json_response({"name": "qwen-serve", "openapi": "/openapi.json", "health": "/health"})
 
     async def health(self, request: web.Request) -> web.Response:
         status = self.lifecycle.status

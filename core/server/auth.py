@@ -1,14 +1,15 @@
-"""API keys (--api-key, QWEN_SERVE_API_KEY): `Authorization: Bearer KEY` on every route but
-the open ones, compared in constant time, 401 with an OpenAI error body otherwise."""
+"""API keys (--api-key, QWEN_SERVE_API_KEY): `Authorization: Bearer KEY` (or Anthropic's
+`x-api-key: KEY`) on every route but the open ones, compared in constant time; otherwise a 401
+in the error shape of the route's API."""
 from __future__ import annotations
 
 import hmac
 import ipaddress
-from typing import Collection, Iterable
+from typing import Collection, Iterable, Mapping
 
 from aiohttp import web
 
-from ..openai.responses import error_body, json_response
+from .error_replies import error_reply
 
 ENV_VAR = "QWEN_SERVE_API_KEY"  # one key, or several separated by commas
 
@@ -20,11 +21,15 @@ class ApiKeys:
     def __bool__(self) -> bool:
         return bool(self._keys)
 
-    def accepts(self, authorization: str | None) -> bool:
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        presented = token.strip().encode()
+    def accepts_request(self, headers: Mapping[str, str]) -> bool:
+        """A key as a Bearer token (OpenAI's clients) or in x-api-key (Anthropic's)."""
+        scheme, _, token = headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            return self.accepts(token.strip())
+        return "x-api-key" in headers and self.accepts(headers["x-api-key"].strip())
+
+    def accepts(self, key: str) -> bool:
+        presented = key.encode()
         matched = False
         for key in self._keys:  # every key is compared, so the time says nothing about which matched
             matched |= hmac.compare_digest(presented, key)
@@ -41,11 +46,10 @@ def require_api_key(keys: ApiKeys, open_paths: Collection[str]):
 
     @web.middleware
     async def authenticate(request: web.Request, handler) -> web.StreamResponse:
-        if not keys or request.path in open_paths or keys.accepts(request.headers.get("Authorization")):
+        if not keys or request.path in open_paths or keys.accepts_request(request.headers):
             return await handler(request)
-        return json_response(
-            error_body("missing or incorrect API key: send 'Authorization: Bearer <key>'", code="invalid_api_key"),
-            status=401, headers={"WWW-Authenticate": "Bearer"})
+        return error_reply(request, 401, "missing or incorrect API key: send 'Authorization: Bearer <key>' "
+                           "(or 'x-api-key: <key>')", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     return authenticate
 

@@ -12,7 +12,7 @@ from typing import Collection
 from aiohttp import web
 
 from ..engine.client import EngineClient
-from ..openai.responses import error_body, json_response
+from .error_replies import error_reply
 
 LOADING_RETRY_AFTER_S = 5
 MESSAGES = {
@@ -43,10 +43,10 @@ class Lifecycle:
         return "draining" if self.draining else "ok"
 
 
-def unavailable(status: str, detail: str | None = None) -> web.Response:
+def unavailable(request: web.Request, status: str, detail: str | None = None) -> web.Response:
     message = MESSAGES[status] + (f" ({detail})" if detail else "")
     headers = {"Retry-After": str(LOADING_RETRY_AFTER_S)} if status == "loading" else None
-    return json_response(error_body(message, type_="server_error", code=status), status=503, headers=headers)
+    return error_reply(request, 503, message, type_="server_error", code=status, headers=headers)
 
 
 def lifecycle_gate(lifecycle: Lifecycle, always_open: Collection[str], open_once_loaded: Collection[str]):
@@ -59,6 +59,6 @@ def lifecycle_gate(lifecycle: Lifecycle, always_open: Collection[str], open_once
         if status == "ok" or request.path in always_open or (status != "loading" and request.path in open_once_loaded):
             return await handler(request)
         engine = lifecycle.engine
-        return unavailable(status, engine.dead_reason if status == "dead" and engine is not None else None)
+        return unavailable(request, status, engine.dead_reason if status == "dead" and engine is not None else None)
 
     return gate

@@ -8,16 +8,19 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
+from ..anthropic.protocol import CountTokensRequest, MessagesRequest
 from ..openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
-REQUESTS = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
+REQUESTS = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest, MessagesRequest,
+            CountTokensRequest)
 REF = "#/components/schemas/{model}"
 ERROR = {"$ref": "#/components/schemas/Error"}
+ANTHROPIC_ERROR = {"$ref": "#/components/schemas/AnthropicError"}
 RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}}
 
 
-def _error(description: str, headers: dict | None = None) -> dict[str, Any]:
-    response: dict[str, Any] = {"description": description, "content": {"application/json": {"schema": ERROR}}}
+def _error(description: str, headers: dict | None = None, schema: dict[str, Any] = ERROR) -> dict[str, Any]:
+    response: dict[str, Any] = {"description": description, "content": {"application/json": {"schema": schema}}}
     if headers:
         response["headers"] = headers
     return response
@@ -73,6 +76,23 @@ ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error":
     "type": "object", "required": ["message", "type"],
     "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                    "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+ANTHROPIC_ERROR_SCHEMA = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
+        "type": {"type": "string"}, "message": {"type": "string"}}}}}
+CONTENT_BLOCK = {"type": "object", "required": ["type"], "properties": {
+    "type": {"enum": ["thinking", "text", "tool_use"]}, "thinking": {"type": "string"},
+    "signature": {"type": "string"}, "text": {"type": "string"}, "id": {"type": "string"},
+    "name": {"type": "string"}, "input": {"type": "object"}}}
+MESSAGE = {"type": "object", "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
+           "properties": {"id": {"type": "string"}, "type": {"const": "message"}, "role": {"const": "assistant"},
+                          "model": {"type": "string"}, "content": {"type": "array", "items": CONTENT_BLOCK},
+                          "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]},
+                          "stop_sequence": {"type": ["string", "null"]},
+                          "usage": {"type": "object", "required": ["input_tokens", "output_tokens"],
+                                    "properties": {k: NONNEGATIVE_INT for k in (
+                                        "input_tokens", "output_tokens", "cache_read_input_tokens",
+                                        "cache_creation_input_tokens")}}}}
+TOKEN_COUNT = {"type": "object", "required": ["input_tokens"], "properties": {"input_tokens": NONNEGATIVE_INT}}
 UNAVAILABLE = _error("loading, draining, the engine has stopped, or the request waited past --queue-timeout",
                      RETRY_AFTER)
 
@@ -109,30 +129,37 @@ def _nullable(field: dict[str, Any]) -> bool:
     return field.get("type") == "null" or {"type": "null"} in field.get("anyOf", ())
 
 
-def _generating(operation_id: str, request: str, response: str, unauthorized: dict) -> dict[str, Any]:
+def _generating(operation_id: str, request: str, response: str, unauthorized: dict,
+                error: dict[str, Any] = ERROR, end: str = "then `data: [DONE]`") -> dict[str, Any]:
+    def failed(description: str, headers: dict | None = None) -> dict[str, Any]:
+        return _error(description, headers, error)
+
     return {"post": {
         "operationId": operation_id,
         "requestBody": {"required": True, "content": {"application/json": {
             "schema": {"$ref": f"#/components/schemas/{request}"}}}},
         "responses": {
-            "200": {"description": "a reply, or with stream: true Server-Sent Events (chunks, "
-                                   "`: keep-alive` comments while waiting, then `data: [DONE]`)",
+            "200": {"description": "a reply, or with stream: true Server-Sent Events (events, "
+                                   f"`: keep-alive` comments while waiting, {end})",
                     "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{response}"}},
                                 "text/event-stream": {"schema": SSE_EVENT}}},
-            "400": _error("invalid request"), **unauthorized,
-            "404": _error("model not served"), "413": _error("request body too large"),
-            "429": _error("--max-queue requests are already waiting", RETRY_AFTER),
-            "500": _error("internal error while generating"), "503": UNAVAILABLE}}}
+            "400": failed("invalid request"), **unauthorized,
+            "404": failed("model not served"), "413": failed("request body too large"),
+            "429": failed("--max-queue requests are already waiting", RETRY_AFTER),
+            "500": failed("internal error while generating"),
+            "503": failed(UNAVAILABLE["description"], RETRY_AFTER)}}}
 
 
-def _tokenizing(operation_id: str, request: str, response: dict[str, Any], unauthorized: dict) -> dict[str, Any]:
+def _tokenizing(operation_id: str, request: str, response: dict[str, Any], unauthorized: dict,
+                error: dict[str, Any] = ERROR) -> dict[str, Any]:
     return {"post": {
         "operationId": operation_id,
         "requestBody": {"required": True, "content": {"application/json": {
             "schema": {"$ref": f"#/components/schemas/{request}"}}}},
-        "responses": {"200": _json("the result", response), "400": _error("invalid request"), **unauthorized,
-                      "404": _error("model not served"), "413": _error("request body too large"),
-                      "503": UNAVAILABLE}}}
+        "responses": {"200": _json("the result", response), "400": _error("invalid request", schema=error),
+                      **unauthorized, "404": _error("model not served", schema=error),
+                      "413": _error("request body too large", schema=error),
+                      "503": _error(UNAVAILABLE["description"], RETRY_AFTER, error)}}}
 
 
 def token_id_schema(vocab_size: int | None) -> dict[str, Any]:
@@ -148,6 +175,7 @@ def openapi_document(model: str | None, protected: bool, metrics_public: bool,
     secured = [{"bearer": []}] if protected else []
     open_ = {"security": []}
     unauthorized = {"401": _error("missing or wrong API key")} if protected else {}
+    anthropic_unauthorized = {"401": _error("missing or wrong API key", schema=ANTHROPIC_ERROR)} if protected else {}
     metrics_security = open_ if metrics_public else {"security": secured}
     metrics_auth = {} if metrics_public else unauthorized
     metrics_json = _json("the flat JSON figures (Prometheus text with Accept: text/plain)", {"type": "object"})
@@ -161,9 +189,12 @@ def openapi_document(model: str | None, protected: bool, metrics_public: bool,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {"Error": ERROR_SCHEMA, "Health": HEALTH, "ModelList": MODELS,
                         "ChatCompletion": CHAT_COMPLETION, "Completion": COMPLETION,
+                        "AnthropicError": ANTHROPIC_ERROR_SCHEMA, "AnthropicMessage": MESSAGE,
                         "TokenId": token_id_schema(vocab_size), **request_schemas(max_seq_len)},
         },
         "paths": {
+            "/": {"get": {**open_, "operationId": "root", "responses": {
+                "200": _json("where to look next", {"type": "object"})}}},
             "/health": {"get": {**open_, "operationId": "health", "responses": {
                 "200": _json("ready", {"$ref": "#/components/schemas/Health"}),
                 "503": _json("loading, draining or dead", {"$ref": "#/components/schemas/Health"})}}},
@@ -175,6 +206,10 @@ def openapi_document(model: str | None, protected: bool, metrics_public: bool,
             "/v1/chat/completions": _generating("createChatCompletion", "ChatCompletionRequest", "ChatCompletion",
                                                 unauthorized),
             "/v1/completions": _generating("createCompletion", "CompletionRequest", "Completion", unauthorized),
+            "/v1/messages": _generating("createMessage", "MessagesRequest", "AnthropicMessage", anthropic_unauthorized,
+                                        ANTHROPIC_ERROR, "then `message_stop`"),
+            "/v1/messages/count_tokens": _tokenizing("countMessageTokens", "CountTokensRequest", TOKEN_COUNT,
+                                                     anthropic_unauthorized, ANTHROPIC_ERROR),
             "/tokenize": _tokenizing("tokenize", "TokenizeRequest", TOKENIZED, unauthorized),
             "/detokenize": _tokenizing("detokenize", "DetokenizeRequest", DETOKENIZED, unauthorized),
             "/metrics": {"get": {**metrics_security, "operationId": "metrics", "responses": {

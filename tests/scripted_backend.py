@@ -3,8 +3,9 @@ whose sampler writes a given script instead of sampling, so a reply's exact toke
 
 Register it with ``QWEN_SERVE_PLUGIN_MODULES=scripted_backend`` (with tests/ on PYTHONPATH) and
 choose it with ``--backend scripted``. ``QWEN_SERVE_SCRIPTS`` names a JSON file holding a list
-of token-id lists; a request with seed k is answered with script k, token by token. A script
-should end with an end-of-sequence token; past its end the last token repeats.
+of token-id lists; a request with seed k is answered with script k, token by token (a request
+without a seed, as agent clients send, with script ``QWEN_SERVE_SCRIPT_DEFAULT`` if set). A
+script should end with an end-of-sequence token; past its end the last token repeats.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from qwen_serve.hookspecs import hookimpl
 from qwen_serve.protocols import SampleResult
 
 SCRIPTS_ENV = "QWEN_SERVE_SCRIPTS"
+DEFAULT_ENV = "QWEN_SERVE_SCRIPT_DEFAULT"
 
 
 def scripted_server_env(scripts_path: str) -> dict[str, str]:
@@ -38,10 +40,13 @@ class ScriptCursor:
 
 
 class ScriptedSampler:
-    def __init__(self, scripts: Sequence[Sequence[int]]) -> None:
+    def __init__(self, scripts: Sequence[Sequence[int]], default: int | None = None) -> None:
         self.scripts = [list(s) for s in scripts]
+        self.default = default
 
     def make_generator(self, seed: int) -> ScriptCursor:
+        if not 0 <= seed < len(self.scripts) and self.default is not None:
+            seed = self.default  # no seed given: the engine drew a large random one
         if not 0 <= seed < len(self.scripts):
             raise ValueError(f"no script {seed}: {len(self.scripts)} scripts (the seed chooses one)")
         return ScriptCursor(self.scripts[seed])
@@ -60,7 +65,8 @@ def _load():
         name = "scripted"
 
         def create_sampler(self) -> ScriptedSampler:
-            return ScriptedSampler(scripts)
+            default = os.environ.get(DEFAULT_ENV)
+            return ScriptedSampler(scripts, None if default is None else int(default))
 
     return ScriptedBackend()
 

@@ -24,7 +24,7 @@ class Messages:
         arrival = time.monotonic()
         served = self.served
         req = parse_messages_request(await request.read())
-        turn = start_turn(served, chat_turn(req), new_message_id(), arrival)
+        turn = start_turn(served, chat_turn(req, served.sampling_defaults), new_message_id(), arrival)
         tally = ReplyTally(turn.reply_id, 1, len(turn.rendered.token_ids), arrival)
         reply = MessageReply(turn.reply_id, req.model, turn.new_parser())
         async with aclosing(turn.outputs) as outputs:

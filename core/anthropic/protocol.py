@@ -170,7 +170,8 @@ class CountTokensRequest(Body):
 class MessagesRequest(CountTokensRequest):
     max_tokens: integer(ge=1) = Field(description="cut to the room the prompt leaves (stop_reason max_tokens)")
     stop_sequences: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)] = []
-    temperature: float = Field(1.0, ge=0, le=2)
+    temperature: float = Field(1.0, ge=0, le=2, description="omitted (as top_p and top_k): the model's "
+                               "generation_config.json value if it has one, else Anthropic's default")
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: integer(ge=0) = Field(0, description="0: off")
     seed: integer(**INT64) | None = Field(None, description="not Anthropic's: for reproducible sampling")

@@ -18,6 +18,7 @@ from typing import Any
 from ..chat.tools import Tool, ToolChoice, distinct_names, function_tool
 from ..openai.structured import ResponseFormat
 from ..openai.turn import ChatTurn
+from ..sampling.defaults import SamplingDefaults
 from ..sampling.params import SamplingParams
 from .protocol import (
     CountTokensRequest,
@@ -34,8 +35,9 @@ BILLING_HEADER = "x-anthropic-billing-header:"
 TOOL_CHOICES = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}
 
 
-def chat_turn(req: CountTokensRequest) -> ChatTurn:
-    """The turn of a count_tokens request, or of a Messages request with its sampling."""
+def chat_turn(req: CountTokensRequest, sampling_defaults: SamplingDefaults = SamplingDefaults()) -> ChatTurn:
+    """The turn of a count_tokens request, or of a Messages request with its sampling (the
+    model's defaults for the sampling fields it leaves out)."""
     tools = distinct_names(tuple(function_tool(t.name, t.description, t.input_schema) for t in req.tools
                                  if isinstance(t, CustomTool)), "tools[{i}].name")
     choice = _tool_choice(req, tools)
@@ -44,8 +46,9 @@ def chat_turn(req: CountTokensRequest) -> ChatTurn:
         response_format = ResponseFormat("json_schema", json.dumps(req.output_config.format.schema_, sort_keys=True))
     params = SamplingParams()
     if isinstance(req, MessagesRequest):
-        params = SamplingParams(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
-                                top_k=req.top_k, seed=req.seed, stop=tuple(req.stop_sequences))
+        sampling = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k}
+        params = SamplingParams(**sampling | sampling_defaults.for_missing(req.model_fields_set),
+                                max_tokens=req.max_tokens, seed=req.seed, stop=tuple(req.stop_sequences))
     return ChatTurn(conversation(req), params, tools, choice, _thinking_switch(req), response_format,
                     max_tokens_given=False)
 

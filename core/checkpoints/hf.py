@@ -2,6 +2,7 @@
 chat template from tokenizer_config.json or chat_template.jinja."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -10,6 +11,7 @@ from safetensors import safe_open
 
 from ..errors import ModelLoadError
 from ..models import model_config_from_hf
+from ..sampling.defaults import SamplingDefaults
 from .checkpoint import Checkpoint, read_json
 from .tokenizer import Tokenizer
 
@@ -18,8 +20,10 @@ def load_hf_dir(path: Path) -> Checkpoint:
     config = model_config_from_hf(read_json(path / "config.json"), name=path.name)
     generation = path / "generation_config.json"
     if generation.exists():
-        eos = read_json(generation).get("eos_token_id")
+        generation_config = read_json(generation)
+        eos = generation_config.get("eos_token_id")
         config = config.with_eos(tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)))
+        config = dataclasses.replace(config, sampling_defaults=SamplingDefaults.from_generation_config(generation_config))
     tokenizer = load_hf_tokenizer(path)
     files = _safetensors_files(path)
 

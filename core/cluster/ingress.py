@@ -49,7 +49,8 @@ class Ingress:
         server = ChatServer(spec.server, registry)
         # The request histograms of the single-process server are fed by its engine thread;
         # here they stay empty (each replica's figures are in the cluster view).
-        server.attach(client, checkpoint.tokenizer, info, RequestMetrics(registry, name), chat_format)
+        server.attach(client, checkpoint.tokenizer, info, RequestMetrics(registry, name), chat_format,
+                      checkpoint.config.sampling_defaults.served(model.generation_config))
         app = server.make_app()
         app.router.add_get("/metrics/cluster", self.cluster_metrics)
         server.metrics.registry.register(ClusterCollector(self.view))

@@ -27,6 +27,7 @@ class ModelSpec:
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     arrival_window_s: float = ARRIVAL_WINDOW_S  # how long a replica gathers a burst of requests
+    generation_config: str = "auto"  # auto: the checkpoint's sampling defaults for fields a request leaves out
 
     @property
     def engine_config(self) -> EngineConfig:
@@ -66,7 +67,8 @@ def cluster_spec(args: argparse.Namespace, engine_options: dict[str, Any],
                  server: ServerOptions = ServerOptions()) -> ClusterSpec:
     """The spec of a parsed ``qwen-serve ray`` command line (qwen_serve.cluster.cli)."""
     model = ModelSpec(args.model, args.backend, args.kv_cache, args.dtype, args.quant, engine_options,
-                      args.served_model_name, args.reasoning_parser, args.tool_call_parser, args.arrival_window)
+                      args.served_model_name, args.reasoning_parser, args.tool_call_parser, args.arrival_window,
+                      args.generation_config)
     threads = args.threads_per_replica or max(1, int(args.cpus_per_replica))
     threshold = args.imbalance_threshold if args.imbalance_threshold is not None else model.engine_config.max_batch
     return ClusterSpec(model, args.host, args.port, args.replicas, args.cpus_per_replica, threads, args.router,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..sampling.defaults import SamplingDefaults
 from .layers import DecoderLayer
 
 
@@ -27,6 +28,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     name: str = "model"
     sliding_window: int | None = None  # every layer attends over only the last this many positions
+    sampling_defaults: SamplingDefaults = SamplingDefaults()  # the checkpoint's generation_config.json
 
     def __post_init__(self) -> None:
         if self.layers and len(self.layers) != self.num_layers:

@@ -30,7 +30,7 @@ class ChatCompletions:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         arrival = time.monotonic()
         served = self.served
-        req = parse_chat_request(await request.read(), served.vocab_size)
+        req = parse_chat_request(await request.read(), served.vocab_size, served.sampling_defaults)
         refusal = served.refuse_model(req.model)
         if refusal is not None:
             return refusal

@@ -28,7 +28,7 @@ class Completions:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         arrival = time.monotonic()
         served = self.served
-        req = parse_completion_request(await request.read(), served.vocab_size)
+        req = parse_completion_request(await request.read(), served.vocab_size, served.sampling_defaults)
         refusal = served.refuse_model(req.model)
         if refusal is not None:
             return refusal

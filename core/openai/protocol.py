@@ -25,6 +25,7 @@ from ..chat.messages import Messages
 from ..chat.tools import ToolChoiceField, Tools
 from ..chat.validation import Body, Integer, integer, parse_json_object, validate
 from ..errors import InvalidRequest
+from ..sampling.defaults import SamplingDefaults
 from ..sampling.params import SamplingParams
 from .structured import ResponseFormatField
 from .turn import ChatTurn
@@ -77,7 +78,8 @@ class SamplingFields(Request):
     ones OpenAI does not have (top_k, min_p, repetition_penalty, stop_token_ids, min_tokens,
     ignore_eos, vllm_xargs). A field named as one of SamplingParams' reaches it as it is."""
 
-    temperature: float = Field(0.0, ge=0, le=2, description="0: greedy")
+    temperature: float = Field(0.0, ge=0, le=2, description="0: greedy. Omitted (as top_p, top_k, min_p and "
+                               "repetition_penalty): the model's generation_config.json value if it has one")
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: integer(ge=0) = Field(0, description="0: off")
     min_p: float = Field(0.0, ge=0, le=1)
@@ -113,11 +115,15 @@ class SamplingFields(Request):
         """False: params.max_tokens is the default (ServedModel.fit_default_max_tokens may lower it)."""
         return bool({"max_tokens", "max_completion_tokens"} & self.model_fields_set)
 
-    def _set_params(self, max_tokens: int, logprobs: int | None) -> None:
-        """SamplingParams from the fields of the same names, and the ones named otherwise."""
+    def _set_params(self, max_tokens: int, logprobs: int | None, info: ValidationInfo) -> None:
+        """SamplingParams from the fields of the same names, and the ones named otherwise; a
+        sampling field the request leaves out takes the model's default (validation context
+        ``sampling_defaults``), if it has one."""
         if self.min_tokens > max_tokens:
             raise InvalidRequest(f"must not exceed max_tokens ({max_tokens})", param="min_tokens")
         same = {name: getattr(self, name) for name in SAMPLING_PARAMS_FIELDS & type(self).model_fields.keys()}
+        defaults = (info.context or {}).get("sampling_defaults", SamplingDefaults())
+        same |= defaults.for_missing(self.model_fields_set)
         # SamplingParams' own ValueError is a 400 too
         self._params = SamplingParams(**{**same, "max_tokens": max_tokens, "logprobs": logprobs,
                                           "extra_args": self.vllm_xargs})
@@ -159,12 +165,12 @@ class ChatCompletionRequest(SamplingFields, TemplateFields):
                         self.response_format, self.max_tokens_given, self.priority)
 
     @model_validator(mode="after")
-    def _between_fields(self) -> ChatCompletionRequest:
+    def _between_fields(self, info: ValidationInfo) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("requires 'logprobs': true", param="top_logprobs")
         self.tool_choice.check(self.tools)
         self._set_params(self.max_completion_tokens or self.max_tokens,
-                         (self.top_logprobs or 0) if self.logprobs else None)
+                         (self.top_logprobs or 0) if self.logprobs else None, info)
         return self
 
 
@@ -199,10 +205,10 @@ class CompletionRequest(SamplingFields):
     suffix: Literal[""] = Field("", description="not supported")
 
     @model_validator(mode="after")
-    def _between_fields(self) -> CompletionRequest:
+    def _between_fields(self, info: ValidationInfo) -> CompletionRequest:
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidRequest("other than n is not supported", param="best_of")
-        self._set_params(self.max_tokens, self.logprobs)
+        self._set_params(self.max_tokens, self.logprobs, info)
         return self
 
 
@@ -232,12 +238,16 @@ class DetokenizeRequest(Request):
     tokens: TokenIds
 
 
-def parse_chat_request(raw: bytes, vocab_size: int) -> ChatCompletionRequest:
-    return validate(ChatCompletionRequest, parse_json_object(raw), vocab_size=vocab_size)
+def parse_chat_request(raw: bytes, vocab_size: int,
+                       sampling_defaults: SamplingDefaults = SamplingDefaults()) -> ChatCompletionRequest:
+    return validate(ChatCompletionRequest, parse_json_object(raw), vocab_size=vocab_size,
+                    sampling_defaults=sampling_defaults)
 
 
-def parse_completion_request(raw: bytes, vocab_size: int) -> CompletionRequest:
-    return validate(CompletionRequest, parse_json_object(raw), vocab_size=vocab_size)
+def parse_completion_request(raw: bytes, vocab_size: int,
+                             sampling_defaults: SamplingDefaults = SamplingDefaults()) -> CompletionRequest:
+    return validate(CompletionRequest, parse_json_object(raw), vocab_size=vocab_size,
+                    sampling_defaults=sampling_defaults)
 
 
 def parse_tokenize_request(raw: bytes) -> TokenizeRequest:

@@ -16,6 +16,7 @@ from ..checkpoints.tokenizer import Tokenizer
 from ..engine.async_engine import EngineFailure
 from ..engine.client import EngineClient
 from ..engine.engine import RequestOutput
+from ..sampling.defaults import SamplingDefaults
 from ..sampling.params import SamplingParams
 from .bodies import error_body, json_response, model_not_found, now, usage
 from .streaming import DONE, EventStream, sse
@@ -31,6 +32,7 @@ class ServedModel:
     metrics: Any  # qwen_serve.server.metrics.ServerMetrics
     keepalive_s: float = 5.0  # an SSE comment after this long without an event; 0: never
     write_timeout_s: float | None = None  # a client that takes longer to take one event is cut off
+    sampling_defaults: SamplingDefaults = SamplingDefaults()  # for the sampling fields a request leaves out
 
     @property
     def vocab_size(self) -> int:

@@ -31,6 +31,7 @@ from ..openai.chat import ChatCompletions
 from ..openai.completions import Completions
 from ..openai.serving import ServedModel
 from ..openai.tokenization import Tokenization
+from ..sampling.defaults import SamplingDefaults
 from .admission import Admission
 from .auth import ApiKeys, require_api_key
 from .body import read_body_first
@@ -110,14 +111,14 @@ class ChatServer:
         self.served: ServedModel | None = None
 
     def attach(self, engine: EngineClient, tokenizer: Tokenizer, info: ServerInfo, request_metrics: RequestMetrics,
-               chat_format: ChatFormat | None = None) -> None:
+               chat_format: ChatFormat | None = None, sampling_defaults: SamplingDefaults = SamplingDefaults()) -> None:
         """The engine has loaded, warmed up and started (request_metrics among its observers): serve."""
         self.engine, self.info, self.request_metrics = engine, info, request_metrics
         self.metrics = ServerMetrics(engine, self.registry)
         self.registry.register(EngineGauges(engine, info.model))
         self.served = ServedModel(engine, tokenizer, chat_format or ChatFormat(tokenizer), info.model, info.serves,
                                   self.metrics, keepalive_s=self.options.keepalive_s,
-                                  write_timeout_s=self.options.request_timeout_s)
+                                  write_timeout_s=self.options.request_timeout_s, sampling_defaults=sampling_defaults)
         self.lifecycle.ready(engine)
 
     def make_app(self) -> web.Application:

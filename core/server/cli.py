@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .serve import ServeSettings
 
 DEFAULTS = EngineConfig()
+GENERATION_CONFIG_CHOICES = ("auto", "none")
 COMMANDS: dict[str, str] = {  # subcommand name -> module with main(argv)
     "bench": "qwen_serve.bench.cli",
     "kv-table": "qwen_serve.server.kv_table",
@@ -58,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how replies separate reasoning: qwen3 | none (default: qwen3 if the chat template writes <think>)")
     p.add_argument("--tool-call-parser", default=None, help="how replies' tool calls are read: hermes | qwen3 | none "
                    "(default: hermes)")
+    p.add_argument("--generation-config", choices=GENERATION_CONFIG_CHOICES, default="auto",
+                   help="auto: the sampling fields a request leaves out take the checkpoint's generation_config.json "
+                        "values (temperature, top_p, top_k, min_p, repetition_penalty); none: the API's defaults")
     p.add_argument("--speculative", default=None, metavar="PROPOSER",
                    help="speculative decoding with this proposer (ngram: prompt lookup); needs a KV cache that "
                         "can rewind (paged, naive)")
@@ -138,7 +142,8 @@ def serve_settings(args: argparse.Namespace, config: EngineConfig) -> "ServeSett
                          queue_timeout_s=args.queue_timeout, shutdown_timeout_s=args.shutdown_timeout,
                          arrival_window_s=args.arrival_window,
                          log_requests=args.log_requests, log_prompts=args.log_prompts,
-                         reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser)
+                         reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser,
+                         generation_config=args.generation_config)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,9 +167,10 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt is None:
         return run_server(args)
     parts = build_engine(args.model, args.backend, args.kv_cache, args.dtype, args.quant, **engine_options(args))
-    print(format_memory_plan(parts, args.dtype, args.quant), file=sys.stderr)
+    defaults = parts.model_config.sampling_defaults.served(args.generation_config)
+    print(format_memory_plan(parts, args.dtype, args.quant, defaults), file=sys.stderr)
     ids = parts.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
-    seq = parts.engine.add_request("cli", ids, SamplingParams(max_tokens=args.max_tokens))
+    seq = parts.engine.add_request("cli", ids, SamplingParams(max_tokens=args.max_tokens, **defaults.as_dict()))
     while not seq.is_finished:
         for out in parts.engine.step():
             print(out.new_text, end="", flush=True)
@@ -195,7 +201,9 @@ def run_server(args: argparse.Namespace) -> int:
     def load():
         parts = build_engine(args.model, args.backend, args.kv_cache, args.dtype, args.quant, registry=registry,
                              **options)
-        print(format_memory_plan(parts, args.dtype, args.quant), file=sys.stderr, flush=True)
+        print(format_memory_plan(parts, args.dtype, args.quant,
+                                             parts.model_config.sampling_defaults.served(args.generation_config)), file=sys.stderr,
+              flush=True)
         warm_up(parts)
         return parts
 

@@ -9,13 +9,15 @@ from typing import Any
 
 from ..kv.memory import blocks_spanned
 from ..protocols import ChoosesKernels, SlidingWindow
+from ..sampling.defaults import SamplingDefaults
 
 
 def mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def format_memory_plan(parts: Any, dtype: str, quant: str) -> str:
+def format_memory_plan(parts: Any, dtype: str, quant: str, sampling_defaults: SamplingDefaults | None = None) -> str:
+    """sampling_defaults: what requests that leave sampling fields out get (None: no line)."""
     m = parts.model_config
     e = parts.engine_config
     per_token = parts.storage.bytes_per_token()
@@ -38,6 +40,10 @@ def format_memory_plan(parts: Any, dtype: str, quant: str) -> str:
         f"scheduler  max batch {e.max_batch} sequences, step budget {e.step_budget} tokens, "
         f"prefill chunk {e.chunk_size} tokens, max sequence {parts.engine.max_seq_len} tokens, "
         f"prefix cache {'on' if e.prefix_cache else 'off'}")
+    if sampling_defaults is not None:
+        lines.append(f"sampling   for fields a request leaves out: {sampling_defaults.describe()} "
+                     f"(checkpoint's generation_config.json {'values' if sampling_defaults.as_dict() else 'has none'}; "
+                     "--generation-config none: the API's defaults)")
     if isinstance(parts.executor, ChoosesKernels) and (table := parts.executor.kernel_table()):
         lines.append("kernels    chosen by timing on this CPU, ms at each end of each row class (* chosen, ! forced)")
         lines += [f"           {line}" for line in table]

@@ -45,6 +45,7 @@ class ServeSettings:
     log_prompts: bool = False
     reasoning_parser: str | None = None  # None: chosen from the chat template
     tool_call_parser: str | None = None
+    generation_config: str = "auto"  # auto: the checkpoint's sampling defaults for fields a request leaves out
 
 
 def serve(load: Callable[[], Any], settings: ServeSettings) -> int:
@@ -81,7 +82,8 @@ async def _serve(load: Callable[[], Any], s: ServeSettings) -> int:
             model=name, aliases=aliases, backend=parts.backend.name, quant=s.quant,
             block_size=parts.engine_config.block_size, kv_blocks_total=parts.engine_config.kv_blocks,
             max_batch=parts.engine_config.max_batch, max_seq_len=parts.engine.max_seq_len), request_metrics,
-            ChatFormat(parts.tokenizer, s.reasoning_parser, s.tool_call_parser))
+            ChatFormat(parts.tokenizer, s.reasoning_parser, s.tool_call_parser),
+            parts.model_config.sampling_defaults.served(s.generation_config))
         print(f"serving {name!r} on {url} (OpenAI API at {url}/v1)", file=sys.stderr, flush=True)
         await signals.stopped.wait()
         server.lifecycle.drain()

@@ -33,10 +33,10 @@ def register_kv_storages(register: Callable[..., None]) -> None:
 @hookspec
 def register_logits_processors(register: Callable[..., None]) -> None:
     """Call register(name, factory) for each logits processor; factory(model_config, tokenizer) ->
-    LogitsProcessor (core/protocols.py), built once per engine."""
+    LogitsProcessor (core/protocols/logits.py), built once per engine."""
 
 
 @hookspec
 def register_proposers(register: Callable[..., None]) -> None:
     """Call register(name, factory) for each speculative-decoding proposer; factory(engine_config)
-    -> Proposer (core/protocols.py), built once per engine (``--speculative NAME``)."""
+    -> Proposer (core/protocols/speculative.py), built once per engine (``--speculative NAME``)."""

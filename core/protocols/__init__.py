@@ -1,0 +1,38 @@
+"""The contracts between the framework-free core and compute backends, one file per concern
+(kv, batch, logits, backend, speculative), every name importable from here.
+
+Arrays appear as ``Any``: each backend passes its own tensor type through the core untouched.
+Optional abilities (of a KV cache, a backend, a logits processor) are separate
+runtime-checkable Protocols, so the engine asks ``isinstance(cache, PrefixCaching)`` instead of
+probing attributes.
+"""
+from .backend import (
+    Backend,
+    Calibratable,
+    ChoosesKernels,
+    ChoosesKVDtype,
+    ModelExecutor,
+    QuantizedLinear,
+    Sampler,
+)
+from .batch import SampleResult, ScheduledChunk, StepBatch
+from .kv import (
+    Forking,
+    KVCache,
+    KVStorage,
+    KVUsage,
+    LossyKV,
+    PrefixCaching,
+    ReservesAhead,
+    Rewinding,
+    SlidingWindow,
+)
+from .logits import Completing, LogitsProcessor, LogitsRequest, LogitsState, TakesRequestArgs
+from .speculative import DraftVerifying, Proposer
+
+__all__ = [
+    "Backend", "Calibratable", "ChoosesKVDtype", "ChoosesKernels", "Completing", "DraftVerifying", "Forking",
+    "KVCache", "KVStorage", "KVUsage", "LogitsProcessor", "LogitsRequest", "LogitsState", "LossyKV",
+    "ModelExecutor", "PrefixCaching", "Proposer", "QuantizedLinear", "ReservesAhead", "Rewinding", "SampleResult",
+    "Sampler", "ScheduledChunk", "SlidingWindow", "StepBatch", "TakesRequestArgs",
+]

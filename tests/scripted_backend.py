@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 from qwen_serve.hookspecs import hookimpl
 from qwen_serve.protocols import SampleResult
@@ -22,8 +23,17 @@ DEFAULT_ENV = "QWEN_SERVE_SCRIPT_DEFAULT"
 
 def scripted_server_env(scripts_path: str) -> dict[str, str]:
     """The environment of a server that loads this plugin and answers from the scripts file."""
+    here = os.path.dirname(os.path.abspath(__file__))
     return {"QWEN_SERVE_PLUGIN_MODULES": "scripted_backend", SCRIPTS_ENV: scripts_path,
-            "PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
+            "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+
+
+def write_scripts(scripts: Mapping[str, Sequence[int]], folder: Path) -> dict[str, Any]:
+    """Writes the named scripts (token ids) to a file in folder: each name's seed (its script's
+    number), and the file's path under "_path"."""
+    path = folder / "scripts.json"
+    path.write_text(json.dumps([list(s) for s in scripts.values()]))
+    return {name: i for i, name in enumerate(scripts)} | {"_path": str(path)}
 
 
 class ScriptCursor:

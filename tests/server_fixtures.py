@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 
 import openai
 import pytest
+from scripted_backend import scripted_server_env
 
 from qwen_serve.conformance.server_process import ServerProcess
 
@@ -35,6 +36,12 @@ def own_server(args: Sequence[str], env: Mapping[str, str] | None = None):
         yield server
     finally:
         server.stop()
+
+
+def scripted_server(model: Path, seeds: Mapping[str, object]):
+    """Generator body for a module-scoped fixture: a server of ``model`` answering each request
+    with the script its seed names (seeds as scripted_backend.write_scripts returns them)."""
+    yield from own_server(["--model", str(model), "--backend", "scripted"], env=scripted_server_env(str(seeds["_path"])))
 
 
 def openai_client(server: ServerProcess) -> openai.OpenAI:

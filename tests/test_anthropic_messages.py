@@ -14,8 +14,8 @@ import anthropic
 import jsonschema
 import pytest
 import tokenizers
-from scripted_backend import scripted_server_env
-from server_fixtures import own_server, smollm2_server  # noqa: F401
+from scripted_backend import write_scripts
+from server_fixtures import scripted_server, smollm2_server  # noqa: F401
 from test_server_chat_features import WEATHER_PARIS, spell
 from test_structured_output import SEARCH, WEATHER
 
@@ -37,14 +37,13 @@ MODEL = "claude-sonnet-4-5"  # any name is served: agent clients send their user
 @pytest.fixture(scope="module")
 def seeds(qwen3_tiny, tmp_path_factory) -> dict[str, int]:
     tokenizer = tokenizers.Tokenizer.from_file(str(qwen3_tiny / "tokenizer.json"))
-    path = tmp_path_factory.mktemp("scripts") / "scripts.json"
-    path.write_text(json.dumps([spell(tokenizer, pieces) for pieces in SCRIPTS.values()]))
-    return {name: i for i, name in enumerate(SCRIPTS)} | {"_path": str(path)}
+    return write_scripts({name: spell(tokenizer, pieces) for name, pieces in SCRIPTS.items()},
+                         tmp_path_factory.mktemp("scripts"))
 
 
 @pytest.fixture(scope="module")
 def server(qwen3_tiny, seeds):
-    yield from own_server(["--model", str(qwen3_tiny), "--backend", "scripted"], env=scripted_server_env(seeds["_path"]))
+    yield from scripted_server(qwen3_tiny, seeds)
 
 
 def sdk(server) -> anthropic.Anthropic:

@@ -78,6 +78,14 @@ def message_text(server, **fields) -> str:
     return json.dumps(json.loads(body)["content"])
 
 
+def response_text(server, **fields) -> str:
+    status, _, body = server.request("POST", "/v1/responses", {"model": "any", "max_output_tokens": 12,
+                                                               "input": "Write about the sea.", "store": False,
+                                                               **fields})
+    assert status == 200, body
+    return json.dumps([item.get("content") for item in json.loads(body)["output"]])
+
+
 def test_omitted_fields_sample_with_the_served_defaults(server, mode):
     auto = mode == "auto"
     expected = QWEN3_THINKING if auto else {"temperature": 0}
@@ -88,6 +96,8 @@ def test_omitted_fields_sample_with_the_served_defaults(server, mode):
     # random weights give flat distributions: sampled and greedy text part within 12 tokens
     sampled = [completion(server, seed=seed) for seed in (1, 2)]
     assert (sampled[0] != sampled[1]) is auto
-    # Anthropic's API has its own default (temperature 1) that the checkpoint's replaces
+    # Anthropic's and the Responses API have their own default (temperature 1) that the checkpoint's replaces
     anthropic_expected = QWEN3_THINKING if auto else {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
     assert message_text(server, seed=3) == message_text(server, seed=3, **anthropic_expected)
+    responses_expected = QWEN3_THINKING if auto else {"temperature": 1.0, "top_p": 1.0}
+    assert response_text(server, seed=4) == response_text(server, seed=4, **responses_expected)

@@ -14,8 +14,8 @@ import uuid
 import pytest
 import tokenizers
 from chat_stream import JoinedStream, reply_message
-from scripted_backend import scripted_server_env
-from server_fixtures import openai_client, own_server
+from scripted_backend import write_scripts
+from server_fixtures import openai_client, scripted_server
 
 from qwen_serve.conformance.models import IM_END
 
@@ -83,14 +83,12 @@ def scripts(qwen3_tiny, tmp_path_factory) -> dict[str, int]:
     split = spelled["tags split across tokens"]
     assert not {THINK, END_THINK, TOOL_CALL, END_TOOL_CALL} & set(split), "the split tags must be ordinary tokens"
     assert {THINK, END_THINK} <= set(spelled["think then answer"]), "the whole tags must be their added tokens"
-    path = tmp_path_factory.mktemp("scripts") / "scripts.json"
-    path.write_text(json.dumps(list(spelled.values())))
-    return {name: i for i, name in enumerate(spelled)} | {"_path": str(path)}
+    return write_scripts(spelled, tmp_path_factory.mktemp("scripts"))
 
 
 @pytest.fixture(scope="module")
 def server(qwen3_tiny, scripts):
-    yield from own_server(["--model", str(qwen3_tiny), "--backend", "scripted"], env=scripted_server_env(scripts["_path"]))
+    yield from scripted_server(qwen3_tiny, scripts)
 
 
 @pytest.fixture(scope="module")

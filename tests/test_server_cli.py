@@ -1,5 +1,5 @@
 """The command line: every flag in --help, the start-up memory plan and URL, and
-one-line errors with exit code 2."""
+one-line errors with exit code 2, a serving flag reaching the server."""
 from __future__ import annotations
 
 import re
@@ -7,7 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from prometheus_client import CollectorRegistry
 from server_fixtures import smollm2_server  # noqa: F401 (fixture)
+
+from qwen_serve.config import EngineConfig
+from qwen_serve.server.app import ChatServer
+from qwen_serve.server.cli import build_parser, serve_settings
 
 DOCUMENTED_FLAGS = ("--model", "--quant", "--port", "--max-batch", "--kv-blocks", "--block-size", "--chunk-size",
               "--backend", "--kv-cache", "--dtype", "--host", "--step-budget", "--max-seq-len", "--seed",
@@ -45,6 +50,13 @@ def test_an_unknown_kv_dtype_is_a_one_line_error():
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "int3" in lines[0] and "bfloat16" in lines[0], result.stderr
+
+
+def test_responses_store_mb_reaches_the_server():
+    settings = serve_settings(build_parser().parse_args(["--responses-store-mb", "0.5"]), EngineConfig())
+    assert ChatServer(settings.options, CollectorRegistry()).responses_store.max_bytes == 2**19
+    with pytest.raises(ValueError, match="--responses-store-mb"):
+        serve_settings(build_parser().parse_args(["--responses-store-mb", "-1"]), EngineConfig())
 
 
 @pytest.mark.parametrize("flag, installed", [("--backend", "torch"), ("--kv-cache", "paged")])

@@ -18,7 +18,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 EXAMPLES = 30  # per operation and generation mode
 # the generating operations: their rich schemas need more examples to reach a 200
-GENERATING = {"/v1/chat/completions": 150, "/v1/completions": 150, "/v1/messages": 60}
+GENERATING = {"/v1/chat/completions": 150, "/v1/completions": 150, "/v1/messages": 60, "/v1/responses": 60}
 
 
 @pytest.fixture(scope="module")

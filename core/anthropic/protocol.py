@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from ..chat.tools import JsonSchema
-from ..chat.validation import Body, Integer, integer, parse_json_object, validate
+from ..chat.validation import Body, Ignored, Integer, integer, parse_json_object, refused, text_or, validate
 from ..errors import InvalidRequest
 
 MAX_STOP_SEQUENCES = 64
@@ -39,40 +39,16 @@ class ToolUseBlock(Body):
     input: dict[str, Any]
 
 
-class IgnoredBlock(Body):
-    """A block the conversation is the same without (redacted thinking, a server tool's
-    result, a type this server does not know)."""
-
-    type: str
-
-
-def _unsupported(kind: str):
-    class Unsupported(Body):
-        type: Literal[kind]  # type: ignore[valid-type]
-
-        def model_post_init(self, __context: Any) -> None:
-            raise InvalidRequest(f"{kind} blocks are not supported: the served model reads text only", param="type")
-
-    Unsupported.__name__ = f"{kind.capitalize()}Block"
-    return Unsupported
-
-
-ImageBlock, DocumentBlock = _unsupported("image"), _unsupported("document")
-
-
-def text_or(blocks: Any) -> Any:
-    """A string, or a list of ``blocks``: told apart by form, so a bad block's own error is the one reported."""
-    return Annotated[Union[Annotated[str, Tag("text")], Annotated[list[blocks], Tag("blocks")]],
-                     Discriminator(lambda v: "text" if isinstance(v, str) else "blocks" if isinstance(v, list) else None,
-                                   custom_error_type="content_type",
-                                   custom_error_message="must be a string or an array of content blocks")]
+ImageBlock = refused("image", "ImageBlock", "image blocks are not supported: the served model reads text only")
+DocumentBlock = refused("document", "DocumentBlock",
+                        "document blocks are not supported: the served model reads text only")
 
 
 def _part_kind(value: Any) -> str:
     return value.get("type") if isinstance(value, dict) and value.get("type") == "text" else "other"
 
 
-ToolResultPart = Annotated[Union[Annotated[TextBlock, Tag("text")], Annotated[IgnoredBlock, Tag("other")]],
+ToolResultPart = Annotated[Union[Annotated[TextBlock, Tag("text")], Annotated[Ignored, Tag("other")]],
                            Discriminator(_part_kind)]
 
 
@@ -101,7 +77,7 @@ def _block_kind(value: Any) -> str:
 
 
 ContentBlock = Annotated[Union[tuple(Annotated[model, Tag(kind)] for kind, model in BLOCKS.items())
-                               + (Annotated[IgnoredBlock, Tag("ignored")],)],
+                               + (Annotated[Ignored, Tag("ignored")],)],
                          Discriminator(_block_kind)]
 
 
@@ -126,7 +102,7 @@ def _tool_kind(value: Any) -> str:
     return "custom" if isinstance(value, dict) and value.get("type", "custom") == "custom" else "server"
 
 
-AnyTool = Annotated[Union[Annotated[CustomTool, Tag("custom")], Annotated[IgnoredBlock, Tag("server")]],
+AnyTool = Annotated[Union[Annotated[CustomTool, Tag("custom")], Annotated[Ignored, Tag("server")]],
                     Discriminator(_tool_kind)]
 
 

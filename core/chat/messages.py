@@ -37,7 +37,7 @@ Content = Annotated[
     AfterValidator(_joined)]
 
 
-def _json_object(text: str) -> dict[str, Any]:
+def json_object_of(text: str) -> dict[str, Any]:
     try:
         value = load_json(text, "the arguments")
     except json.JSONDecodeError as exc:
@@ -49,7 +49,7 @@ def _json_object(text: str) -> dict[str, Any]:
 
 class FunctionCall(Body):
     name: str = Field(min_length=1)
-    arguments: Annotated[str, AfterValidator(_json_object)] = Field(description="a JSON object as a string")
+    arguments: Annotated[str, AfterValidator(json_object_of)] = Field(description="a JSON object as a string")
 
 
 class ToolCall(Body):

@@ -10,9 +10,19 @@ InvalidRequest whose ``param`` is the field's path, e.g. ``response_format.json_
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any, ClassVar, Literal, Sequence, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from ..errors import InvalidRequest
 
@@ -41,6 +51,35 @@ class Body(BaseModel):
     @classmethod
     def _null_means_omitted(cls, data: Any) -> Any:
         return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+class Ignored(Body):
+    """An object the request means the same without (a block, item or tool of a type this
+    server does not use, or does not know)."""
+
+    type: str
+
+
+class _Refused(Body):
+    refusal: ClassVar[str]
+
+    def model_post_init(self, __context: Any) -> None:
+        raise InvalidRequest(self.refusal, param="type")
+
+
+def refused(kind: str, name: str, message: str) -> type[Body]:
+    """A model of the objects of type ``kind`` that are a 400 with ``message`` (images, files:
+    the served models read text only); ``name`` is its name in the OpenAPI document."""
+    return type(name, (_Refused,), {"__annotations__": {"type": Literal[kind]}, "refusal": message,
+                                    "__module__": __name__})
+
+
+def text_or(items: Any, what: str = "content blocks") -> Any:
+    """A string, or a list of ``items``: told apart by form, so a bad item's own error is the one reported."""
+    return Annotated[Union[Annotated[str, Tag("text")], Annotated[list[items], Tag("items")]],
+                     Discriminator(lambda v: "text" if isinstance(v, str) else "items" if isinstance(v, list) else None,
+                                   custom_error_type="content_type",
+                                   custom_error_message=f"must be a string or an array of {what}")]
 
 
 def validate(schema: type[BaseModel] | TypeAdapter, data: Any, where: str = "", **context: Any) -> Any:

@@ -1,7 +1,8 @@
 """The aiohttp application: routes, the gates in front of them, and the small endpoints.
 
-The API endpoints themselves live in qwen_serve.openai and qwen_serve.anthropic; this module
-only wires them to paths.
+The API endpoints themselves live in qwen_serve.openai, qwen_serve.anthropic and
+qwen_serve.responses; this module only wires them to paths (and holds the server's store of
+Responses API responses).
 Connections pass a guard first (connections.py: caps on open connections, a deadline for each
 request head). Every request then passes, outermost first: the error middleware (every client
 mistake becomes a 4xx in its API's error shape before any SSE byte is sent), API keys (401),
@@ -31,6 +32,8 @@ from ..openai.chat import ChatCompletions
 from ..openai.completions import Completions
 from ..openai.serving import ServedModel
 from ..openai.tokenization import Tokenization
+from ..responses.handler import Responses
+from ..responses.store import ResponseStore
 from ..sampling.defaults import SamplingDefaults
 from .admission import Admission
 from .auth import ApiKeys, require_api_key
@@ -86,6 +89,7 @@ class ServerOptions:
     request_timeout_s: float = REQUEST_TIMEOUT_S
     max_connections: int = MAX_CONNECTIONS
     max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT
+    responses_store_mb: float = 64.0  # stored Responses API responses, in MiB at most; 0: none
 
 
 def is_generation(request: web.Request) -> bool:
@@ -109,6 +113,7 @@ class ChatServer:
         self.request_metrics: RequestMetrics | None = None
         self.metrics: ServerMetrics | None = None
         self.served: ServedModel | None = None
+        self.responses_store = ResponseStore(int(options.responses_store_mb * 2**20))
 
     def attach(self, engine: EngineClient, tokenizer: Tokenizer, info: ServerInfo, request_metrics: RequestMetrics,
                chat_format: ChatFormat | None = None, sampling_defaults: SamplingDefaults = SamplingDefaults()) -> None:
@@ -141,6 +146,11 @@ class ChatServer:
         app.router.add_post("/v1/completions", self._handler(lambda served: Completions(served).handle))
         app.router.add_post("/v1/messages", self._handler(lambda served: Messages(served).create))
         app.router.add_post("/v1/messages/count_tokens", self._handler(lambda served: Messages(served).count_tokens))
+        app.router.add_post("/v1/responses", self._handler(lambda served: self._responses(served).create))
+        app.router.add_get("/v1/responses/{response_id}",
+                           self._handler(lambda served: self._responses(served).retrieve))
+        app.router.add_delete("/v1/responses/{response_id}",
+                              self._handler(lambda served: self._responses(served).delete))
         app.router.add_post("/tokenize", self._handler(lambda served: Tokenization(served).tokenize))
         app.router.add_post("/detokenize", self._handler(lambda served: Tokenization(served).detokenize))
         return app
@@ -201,6 +211,9 @@ class ChatServer:
             return await make(self.served)(request)
 
         return handle
+
+    def _responses(self, served: ServedModel) -> Responses:
+        return Responses(served, self.responses_store)
 
     async def root(self, request: web.Request) -> web.Response:
         return json_response({"name": "qwen-serve", "openapi": "/openapi.json", "health": "/health"})

@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM/SIGINT, let in-flight requests finish for up to SECONDS, then abort (default 30)")
     s.add_argument("--sse-keepalive", type=float, default=5.0, metavar="SECONDS",
                    help="send an SSE ': keep-alive' comment after SECONDS without an event; 0: never (default 5)")
+    s.add_argument("--responses-store-mb", type=float, default=64.0, metavar="MIB",
+                   help="keep Responses API responses (store: true) for GET /v1/responses/{id} and "
+                        "previous_response_id in memory, up to MIB, the least recently used dropped first; "
+                        "0: keep none (default 64)")
     s.add_argument("--log-requests", action="store_true", help="one JSON line per finished request on stderr")
     s.add_argument("--log-prompts", action="store_true", help="with --log-requests: include the prompt text")
     p.add_argument("--prompt", default=None, help="answer one chat message and exit instead of serving")
@@ -125,6 +129,8 @@ def serve_settings(args: argparse.Namespace, config: EngineConfig) -> "ServeSett
                         ("--arrival-window", args.arrival_window)):
         if not value >= 0:
             raise ValueError(f"{flag} must be >= 0 seconds, got {value:g}")
+    if not args.responses_store_mb >= 0:
+        raise ValueError(f"--responses-store-mb must be >= 0 MiB, got {args.responses_store_mb:g}")
     if not args.request_timeout > 0:
         raise ValueError(f"--request-timeout must be > 0 seconds, got {args.request_timeout:g}")
     for flag, count in (("--max-connections", args.max_connections),
@@ -137,7 +143,8 @@ def serve_settings(args: argparse.Namespace, config: EngineConfig) -> "ServeSett
                             api_keys=keys_from(args.api_key, os.environ.get(API_KEY_ENV)),
                             metrics_public=args.metrics_public, keepalive_s=args.sse_keepalive,
                             request_timeout_s=args.request_timeout, max_connections=args.max_connections,
-                            max_connections_per_client=args.max_connections_per_client)
+                            max_connections_per_client=args.max_connections_per_client,
+                            responses_store_mb=args.responses_store_mb)
     return ServeSettings(args.host, args.port, args.quant, args.served_model_name, args.model, options,
                          queue_timeout_s=args.queue_timeout, shutdown_timeout_s=args.shutdown_timeout,
                          arrival_window_s=args.arrival_window,

@@ -10,9 +10,10 @@ from pydantic.json_schema import models_json_schema
 
 from ..anthropic.protocol import CountTokensRequest, MessagesRequest
 from ..openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from ..responses.protocol import ResponsesRequest
 
 REQUESTS = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest, MessagesRequest,
-            CountTokensRequest)
+            CountTokensRequest, ResponsesRequest)
 REF = "#/components/schemas/{model}"
 ERROR = {"$ref": "#/components/schemas/Error"}
 ANTHROPIC_ERROR = {"$ref": "#/components/schemas/AnthropicError"}
@@ -92,6 +93,29 @@ MESSAGE = {"type": "object", "required": ["id", "type", "role", "model", "conten
                                     "properties": {k: NONNEGATIVE_INT for k in (
                                         "input_tokens", "output_tokens", "cache_read_input_tokens",
                                         "cache_creation_input_tokens")}}}}
+OUTPUT_ITEM = {"type": "object", "required": ["type", "id", "status"], "properties": {
+    "type": {"enum": ["reasoning", "message", "function_call"]}, "id": {"type": "string"},
+    "status": {"enum": ["in_progress", "completed", "incomplete"]}, "role": {"const": "assistant"},
+    "content": {"type": "array", "items": {"type": "object", "required": ["type", "text"], "properties": {
+        "type": {"enum": ["reasoning_text", "output_text"]}, "text": {"type": "string"}}}},
+    "summary": {"type": "array"}, "encrypted_content": {"type": "string"}, "call_id": {"type": "string"},
+    "name": {"type": "string"}, "arguments": {"type": "string"}}}
+RESPONSE_USAGE = {"type": "object", "required": ["input_tokens", "input_tokens_details", "output_tokens",
+                                                 "output_tokens_details", "total_tokens"], "properties": {
+    "input_tokens": NONNEGATIVE_INT, "output_tokens": NONNEGATIVE_INT, "total_tokens": NONNEGATIVE_INT,
+    "input_tokens_details": {"type": "object", "required": ["cached_tokens"],
+                             "properties": {"cached_tokens": NONNEGATIVE_INT, "cache_write_tokens": NONNEGATIVE_INT}},
+    "output_tokens_details": {"type": "object", "required": ["reasoning_tokens"],
+                              "properties": {"reasoning_tokens": NONNEGATIVE_INT}}}}
+RESPONSE = {"type": "object", "required": ["id", "object", "created_at", "status", "model", "output", "usage"],
+            "properties": {"id": {"type": "string"}, "object": {"const": "response"},
+                           "created_at": {"type": "integer"}, "model": {"type": "string"},
+                           "status": {"enum": ["completed", "incomplete", "failed"]},
+                           "incomplete_details": {"type": ["object", "null"]}, "error": {"type": ["object", "null"]},
+                           "output": {"type": "array", "items": OUTPUT_ITEM}, "usage": RESPONSE_USAGE,
+                           "previous_response_id": {"type": ["string", "null"]}, "store": {"type": "boolean"}}}
+RESPONSE_DELETED = {"type": "object", "required": ["id", "object", "deleted"], "properties": {
+    "id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}}}
 TOKEN_COUNT = {"type": "object", "required": ["input_tokens"], "properties": {"input_tokens": NONNEGATIVE_INT}}
 UNAVAILABLE = _error("loading, draining, the engine has stopped, or the request waited past --queue-timeout",
                      RETRY_AFTER)
@@ -130,7 +154,8 @@ def _nullable(field: dict[str, Any]) -> bool:
 
 
 def _generating(operation_id: str, request: str, response: str, unauthorized: dict,
-                error: dict[str, Any] = ERROR, end: str = "then `data: [DONE]`") -> dict[str, Any]:
+                error: dict[str, Any] = ERROR, end: str = "then `data: [DONE]`",
+                not_found: str = "model not served") -> dict[str, Any]:
     def failed(description: str, headers: dict | None = None) -> dict[str, Any]:
         return _error(description, headers, error)
 
@@ -144,7 +169,7 @@ def _generating(operation_id: str, request: str, response: str, unauthorized: di
                     "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{response}"}},
                                 "text/event-stream": {"schema": SSE_EVENT}}},
             "400": failed("invalid request"), **unauthorized,
-            "404": failed("model not served"), "413": failed("request body too large"),
+            "404": failed(not_found), "413": failed("request body too large"),
             "429": failed("--max-queue requests are already waiting", RETRY_AFTER),
             "500": failed("internal error while generating"),
             "503": failed(UNAVAILABLE["description"], RETRY_AFTER)}}}
@@ -160,6 +185,17 @@ def _tokenizing(operation_id: str, request: str, response: dict[str, Any], unaut
                       **unauthorized, "404": _error("model not served", schema=error),
                       "413": _error("request body too large", schema=error),
                       "503": _error(UNAVAILABLE["description"], RETRY_AFTER, error)}}}
+
+
+def _stored_response(unauthorized: dict) -> dict[str, Any]:
+    """GET and DELETE /v1/responses/{response_id}."""
+    parameters = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    missing = _error("no such response stored (never, not with store: true, deleted, or evicted)")
+    return {method: {"operationId": operation_id, "parameters": parameters, "responses": {
+        "200": _json(description, schema), **unauthorized, "404": missing, "503": UNAVAILABLE}}
+        for method, operation_id, description, schema in (
+            ("get", "getResponse", "the stored response", {"$ref": "#/components/schemas/ResponseObject"}),
+            ("delete", "deleteResponse", "deleted", RESPONSE_DELETED))}
 
 
 def token_id_schema(vocab_size: int | None) -> dict[str, Any]:
@@ -190,6 +226,7 @@ def openapi_document(model: str | None, protected: bool, metrics_public: bool,
             "schemas": {"Error": ERROR_SCHEMA, "Health": HEALTH, "ModelList": MODELS,
                         "ChatCompletion": CHAT_COMPLETION, "Completion": COMPLETION,
                         "AnthropicError": ANTHROPIC_ERROR_SCHEMA, "AnthropicMessage": MESSAGE,
+                        "ResponseObject": RESPONSE,
                         "TokenId": token_id_schema(vocab_size), **request_schemas(max_seq_len)},
         },
         "paths": {
@@ -210,6 +247,11 @@ def openapi_document(model: str | None, protected: bool, metrics_public: bool,
                                         ANTHROPIC_ERROR, "then `message_stop`"),
             "/v1/messages/count_tokens": _tokenizing("countMessageTokens", "CountTokensRequest", TOKEN_COUNT,
                                                      anthropic_unauthorized, ANTHROPIC_ERROR),
+            "/v1/responses": _generating("createResponse", "ResponsesRequest", "ResponseObject", unauthorized,
+                                         end="then `response.completed`, `response.incomplete` or "
+                                             "`response.failed`",
+                                         not_found="previous_response_id is not stored"),
+            "/v1/responses/{response_id}": _stored_response(unauthorized),
             "/tokenize": _tokenizing("tokenize", "TokenizeRequest", TOKENIZED, unauthorized),
             "/detokenize": _tokenizing("detokenize", "DetokenizeRequest", DETOKENIZED, unauthorized),
             "/metrics": {"get": {**metrics_security, "operationId": "metrics", "responses": {

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Tag, model_validator
 
 from ..chat.tools import JsonSchema
-from ..chat.validation import Body, Ignored, Integer, integer, parse_json_object, refused, text_or, validate
+from ..chat.validation import Body, Ignored, integer, parse_json_object, refused, text_or, validate
 from ..errors import InvalidRequest
 
 MAX_STOP_SEQUENCES = 64
@@ -121,7 +121,8 @@ class ToolChoiceSpec(Body):
 class Thinking(Body):
     type: str = Field(description="enabled or disabled switch the template's thinking; adaptive and others "
                                   "leave the template's default")
-    budget_tokens: Integer | None = None
+    budget_tokens: integer(ge=0) | None = Field(None, description="with enabled: tokens the think block may "
+                                                "take before the engine closes it")
 
 
 class JsonSchemaOutput(Body):

@@ -49,8 +49,9 @@ def chat_turn(req: CountTokensRequest, sampling_defaults: SamplingDefaults = Sam
         sampling = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k}
         params = SamplingParams(**sampling | sampling_defaults.for_missing(req.model_fields_set),
                                 max_tokens=req.max_tokens, seed=req.seed, stop=tuple(req.stop_sequences))
+    budget = req.thinking.budget_tokens if req.thinking is not None and req.thinking.type == "enabled" else None
     return ChatTurn(conversation(req), params, tools, choice, _thinking_switch(req), response_format,
-                    max_tokens_given=False)
+                    max_tokens_given=False, thinking_budget=budget)
 
 
 def conversation(req: CountTokensRequest) -> list[dict[str, Any]]:

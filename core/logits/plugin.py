@@ -7,12 +7,14 @@ from ..models.config import ModelConfig
 from ..protocols import LogitsProcessor
 from .penalties import LogitBias, MinTokens, Penalties
 from .structured import StructuredOutputs
+from .thinking_budget import ThinkingBudget
 
 BUILTIN_FACTORIES = {
     "penalties": lambda model_config, tokenizer: Penalties(model_config),
     "logit_bias": lambda model_config, tokenizer: LogitBias(model_config),
     "min_tokens": lambda model_config, tokenizer: MinTokens(model_config),
     "structured_output": StructuredOutputs,
+    "thinking_budget": ThinkingBudget,
 }
 
 

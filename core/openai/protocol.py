@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from ..chat.messages import Messages
+from ..chat.reasoning.effort import effort_budget, effort_template_kwargs
 from ..chat.tools import ToolChoiceField, Tools
 from ..chat.validation import Body, Integer, integer, parse_json_object, validate
 from ..errors import InvalidRequest
@@ -141,13 +142,12 @@ class TemplateFields(Body):
     tools: Tools = ()
     chat_template_kwargs: dict[str, Any] = Field({}, description='e.g. {"enable_thinking": false}')
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
-        None, description="none: enable_thinking false (unless chat_template_kwargs says otherwise)")
+        None, description="none, minimal: enable_thinking false (unless chat_template_kwargs says otherwise); "
+                          "low, medium: a think block of at most 1024, 8192 tokens; high: --reasoning-budget")
 
     @property
     def template_kwargs(self) -> dict[str, Any]:
-        if self.reasoning_effort == "none":
-            return {"enable_thinking": False, **self.chat_template_kwargs}
-        return self.chat_template_kwargs
+        return {**effort_template_kwargs(self.reasoning_effort), **self.chat_template_kwargs}
 
 
 class ChatCompletionRequest(SamplingFields, TemplateFields):
@@ -162,7 +162,8 @@ class ChatCompletionRequest(SamplingFields, TemplateFields):
     @property
     def turn(self) -> ChatTurn:
         return ChatTurn(self.messages, self.params, self.tools, self.tool_choice, self.template_kwargs,
-                        self.response_format, self.max_tokens_given, self.priority)
+                        self.response_format, self.max_tokens_given, self.priority,
+                        effort_budget(self.reasoning_effort))
 
     @model_validator(mode="after")
     def _between_fields(self, info: ValidationInfo) -> ChatCompletionRequest:

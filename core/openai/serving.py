@@ -33,6 +33,7 @@ class ServedModel:
     keepalive_s: float = 5.0  # an SSE comment after this long without an event; 0: never
     write_timeout_s: float | None = None  # a client that takes longer to take one event is cut off
     sampling_defaults: SamplingDefaults = SamplingDefaults()  # for the sampling fields a request leaves out
+    reasoning_budget: int | None = None  # tokens a think block may take unless a request says (None: no cap)
 
     @property
     def vocab_size(self) -> int:

@@ -27,6 +27,7 @@ class ChatTurn:
     response_format: ResponseFormat | None = None
     max_tokens_given: bool = False  # True: a max_tokens the prompt leaves no room for is a 400; False: cut to fit
     priority: int = 0
+    thinking_budget: int | None = None  # tokens a think block may take (None: the server's --reasoning-budget)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ def start_turn(served: ServedModel, turn: ChatTurn, reply_id: str, arrival: floa
     chat_format = served.chat_format
     rendered = chat_format.render(turn.messages, turn.tools, turn.tool_choice, turn.template_kwargs)
     params = served.fit_default_max_tokens(turn.params, len(rendered.token_ids), turn.max_tokens_given)
+    budget = served.reasoning_budget if turn.thinking_budget is None else turn.thinking_budget
+    if budget is not None and chat_format.think_end_token_id is not None:
+        params = replace(params, thinking_budget=budget)
     structured = structured_output(turn.response_format, turn.tool_choice, turn.tools,
                                    chat_format.constraint_start(rendered))
     if structured is not None:

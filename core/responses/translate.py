@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
+from ..chat.reasoning.effort import effort_budget, effort_template_kwargs
 from ..chat.tools import ToolChoice, distinct_names, function_tool
 from ..openai.structured import ResponseFormat
 from ..openai.turn import ChatTurn
@@ -30,7 +31,6 @@ from .protocol import (
 )
 
 UNLIMITED = 2**31 - 1  # an omitted max_output_tokens: start_turn cuts it to the room the prompt leaves
-THINKING_OFF = ("none", "minimal")
 
 
 def chat_turn(req: ResponsesRequest, items: Sequence[Any],
@@ -44,8 +44,8 @@ def chat_turn(req: ResponsesRequest, items: Sequence[Any],
     sampling = {"temperature": req.temperature, "top_p": req.top_p} | sampling_defaults.for_missing(req.model_fields_set)
     params = SamplingParams(max_tokens=req.max_output_tokens or UNLIMITED, seed=req.seed, **sampling)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    return ChatTurn(system + conversation(items), params, tools, choice, _thinking_switch(req),
-                    response_format(req), max_tokens_given=False)
+    return ChatTurn(system + conversation(items), params, tools, choice, effort_template_kwargs(req.reasoning.effort),
+                    response_format(req), max_tokens_given=False, thinking_budget=effort_budget(req.reasoning.effort))
 
 
 def tool_choice(req: ResponsesRequest) -> ToolChoice:
@@ -90,9 +90,4 @@ def _assistant_turn(messages: list[dict[str, Any]], after_reply: bool = False) -
         last = {"role": "assistant", "content": ""}
         messages.append(last)
     return last
-
-
-def _thinking_switch(req: ResponsesRequest) -> dict[str, Any]:
-    effort = req.reasoning.effort
-    return {} if effort is None else {"enable_thinking": effort not in THINKING_OFF}
 

@@ -65,7 +65,9 @@ class SamplingParams:
     complete ends generation whatever min_tokens or ignore_eos say (nothing else may follow).
     extra_args maps names to JSON values for the plugins that claim those names (HTTP
     ``vllm_xargs``; a name no loaded plugin claims is refused when the request is checked);
-    kept as sorted (name, JSON text) pairs, read back with ``request_args``.
+    kept as sorted (name, JSON text) pairs, read back with ``request_args``. thinking_budget
+    caps the tokens of a think block (one the prompt leaves open, or one the reply opens): at the
+    cap the engine writes Qwen's early-exit sentence and closes the block, and the answer follows.
     """
 
     temperature: float = 0.0
@@ -87,6 +89,7 @@ class SamplingParams:
     structured: StructuredOutput | None = None
     speculative: bool = True  # False: never speculate for this request, even on a server that does
     extra_args: Mapping[str, Any] | StoredArgs = ()  # stored as sorted (name, JSON text) pairs
+    thinking_budget: int | None = None  # tokens a think block may take before the engine closes it
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -133,6 +136,8 @@ class SamplingParams:
         if self.structured is not None and not isinstance(self.structured, StructuredOutput):
             raise ValueError("structured must be a StructuredOutput")
         object.__setattr__(self, "extra_args", freeze_request_args(self.extra_args))
+        if self.thinking_budget is not None and (not isinstance(self.thinking_budget, int) or self.thinking_budget < 0):
+            raise ValueError(f"thinking_budget must be an integer >= 0, got {self.thinking_budget!r}")
 
     @property
     def greedy(self) -> bool:

@@ -90,6 +90,7 @@ class ServerOptions:
     max_connections: int = MAX_CONNECTIONS
     max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT
     responses_store_mb: float = 64.0  # stored Responses API responses, in MiB at most; 0: none
+    reasoning_budget: int | None = None  # tokens a think block may take unless a request says; None: no cap
 
 
 def is_generation(request: web.Request) -> bool:
@@ -123,7 +124,8 @@ class ChatServer:
         self.registry.register(EngineGauges(engine, info.model))
         self.served = ServedModel(engine, tokenizer, chat_format or ChatFormat(tokenizer), info.model, info.serves,
                                   self.metrics, keepalive_s=self.options.keepalive_s,
-                                  write_timeout_s=self.options.request_timeout_s, sampling_defaults=sampling_defaults)
+                                  write_timeout_s=self.options.request_timeout_s, sampling_defaults=sampling_defaults,
+                                  reasoning_budget=self.options.reasoning_budget)
         self.lifecycle.ready(engine)
 
     def make_app(self) -> web.Application:

@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generation-config", choices=GENERATION_CONFIG_CHOICES, default="auto",
                    help="auto: the sampling fields a request leaves out take the checkpoint's generation_config.json "
                         "values (temperature, top_p, top_k, min_p, repetition_penalty); none: the API's defaults")
+    p.add_argument("--reasoning-budget", type=int, default=None, metavar="TOKENS",
+                   help="a think block longer than this is closed by the engine (Qwen's early-exit sentence, then "
+                        "</think>) unless a request sets its own budget; default: no cap")
     p.add_argument("--speculative", default=None, metavar="PROPOSER",
                    help="speculative decoding with this proposer (ngram: prompt lookup); needs a KV cache that "
                         "can rewind (paged, naive)")
@@ -131,6 +134,8 @@ def serve_settings(args: argparse.Namespace, config: EngineConfig) -> "ServeSett
             raise ValueError(f"{flag} must be >= 0 seconds, got {value:g}")
     if not args.responses_store_mb >= 0:
         raise ValueError(f"--responses-store-mb must be >= 0 MiB, got {args.responses_store_mb:g}")
+    if args.reasoning_budget is not None and args.reasoning_budget < 0:
+        raise ValueError(f"--reasoning-budget must be >= 0 tokens, got {args.reasoning_budget}")
     if not args.request_timeout > 0:
         raise ValueError(f"--request-timeout must be > 0 seconds, got {args.request_timeout:g}")
     for flag, count in (("--max-connections", args.max_connections),
@@ -144,7 +149,7 @@ def serve_settings(args: argparse.Namespace, config: EngineConfig) -> "ServeSett
                             metrics_public=args.metrics_public, keepalive_s=args.sse_keepalive,
                             request_timeout_s=args.request_timeout, max_connections=args.max_connections,
                             max_connections_per_client=args.max_connections_per_client,
-                            responses_store_mb=args.responses_store_mb)
+                            responses_store_mb=args.responses_store_mb, reasoning_budget=args.reasoning_budget)
     return ServeSettings(args.host, args.port, args.quant, args.served_model_name, args.model, options,
                          queue_timeout_s=args.queue_timeout, shutdown_timeout_s=args.shutdown_timeout,
                          arrival_window_s=args.arrival_window,

@@ -1,6 +1,5 @@
 """oneDNN sees a bounded set of row counts (its shape caches would otherwise grow with every new
-prompt length), all multiples of the row quantum (batch invariance), and padding rows changes no
-result."""
+prompt length), and padding rows changes no result."""
 from __future__ import annotations
 
 import pytest
@@ -10,17 +9,16 @@ import torch.nn.functional as F
 from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear
 from qwen_serve.backends.torch_cpu.linear import DenseLinear
 from qwen_serve.backends.torch_cpu.path_plan import PathPlan
-from qwen_serve.backends.torch_cpu.row_buckets import ROW_QUANTUM, SMALL_ROWS, bucket_rows
+from qwen_serve.backends.torch_cpu.row_buckets import EXACT_ROWS, bucket_rows
 from qwen_serve.backends.torch_cpu.tiles import Scratch
 from qwen_serve.quant import int4
 
 
-def test_decode_sizes_round_to_the_quantum_and_longer_ones_share_a_few_shapes():
-    assert [bucket_rows(n) for n in range(1, 9)] == [4, 4, 4, 4, 8, 8, 8, 8]
+def test_decode_sizes_stay_exact_and_longer_ones_share_a_few_shapes():
+    assert [bucket_rows(n) for n in range(1, EXACT_ROWS + 1)] == list(range(1, EXACT_ROWS + 1))
     buckets = {bucket_rows(n) for n in range(1, 513)}
-    assert len(buckets) == SMALL_ROWS // ROW_QUANTUM + 23
+    assert len(buckets) == EXACT_ROWS + 23
     for n in range(1, 4097):
-        assert bucket_rows(n) % ROW_QUANTUM == 0
         assert n <= bucket_rows(n) <= n + max(15, n // 8)
         assert bucket_rows(bucket_rows(n)) == bucket_rows(n)
 

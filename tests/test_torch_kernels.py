@@ -414,3 +414,24 @@ def test_fused_layer_steps_match_their_torch_form(rows):
     with pytest.raises(RuntimeError, match="overlap"):
         fused.ops.head_norm_rope_(overlapping, None, 1e-6, cos[:1].expand(len(overlapping), 32).contiguous(),
                                   sin[:1].expand(len(overlapping), 32).contiguous())
+
+
+@needs_avx512
+@pytest.mark.parametrize("rows", [1, 3, 8, 11, 37])
+@pytest.mark.parametrize("width", [96, 2048])  # 2048: panels of 3 blocks, the last one short
+def test_float32_kernel_rows_depend_on_themselves_alone(rows, width):
+    """Every row count goes through the float32 kernel, each output one chain over k in order:
+    the same bits for a row whatever rows share the call (batch invariance), and a tied table's
+    rows back exactly."""
+    w = torch.randn(301, width, generator=torch.Generator().manual_seed(rows))
+    head = DenseLinear(w.clone())
+    head.as_head(KERNELS)
+    layer = DenseLinear(w.clone(), torch.randn(301))
+    layer.prepack(KERNELS)
+    assert head.blocked_f32 and layer.blocked_f32 and layer.weight is None
+    x = _activations(40, width, seed=rows)
+    assert _rel(head(x), (x.double() @ w.double().T).float()) < 1e-5  # summed in float32, in order
+    assert torch.equal(head(x[:rows]), head(x)[:rows])
+    assert torch.equal(layer(x[rows - 1:rows]), layer(x)[rows - 1:rows])
+    ids = torch.tensor([300, 0, 17])
+    assert torch.equal(head.lookup(ids), w[ids])

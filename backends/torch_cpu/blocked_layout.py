@@ -9,6 +9,7 @@ int4: codes uint8 [blocks, groups, 16 chunks, 16 rows, 2]: byte j of chunk c hol
 4c + j of its group in the low nibble and input 4c + 2 + j in the high one; scale and zero
 float16 [blocks, groups, 16]. Same bytes as the canonical layout, in another order.
 int8 (and bfloat16): codes [blocks, K / 2, 16 rows, 2 inputs]; int8's scale float32 [blocks * 16].
+float32: [blocks, K, 16 rows] (kernels/f32_avx512.cpp).
 Rows past N (to fill the last block) are zeros.
 """
 from __future__ import annotations
@@ -83,6 +84,16 @@ def block_pairs(weight: torch.Tensor) -> torch.Tensor:
 def pair_rows(blocked: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Rows ``ids`` of a block_pairs layout, in its dtype [len(ids), K]."""
     return blocked[ids // BLOCK, :, ids % BLOCK, :].reshape(len(ids), -1)
+
+
+def block_columns(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [blocks, K, 16 rows] (the float32 kernel)."""
+    return _pad_rows(weight).view(-1, BLOCK, weight.shape[1]).transpose(1, 2).contiguous()
+
+
+def column_rows(blocked: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of a block_columns layout [len(ids), K]."""
+    return blocked[ids // BLOCK, :, ids % BLOCK]
 
 
 def block_int8(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

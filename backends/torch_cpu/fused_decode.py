@@ -45,7 +45,7 @@ class FusedDecode:
                 if linear.bias is not None or linear.kernels is not kernels:
                     return None
                 if not (type(linear) is Int4Linear and linear.blocked or
-                        type(linear) is DenseLinear and linear.blocked is not None):
+                        type(linear) is DenseLinear and linear.blocked is not None and not linear.blocked_f32):
                     return None
         return cls(layers, kernels)
 

@@ -1,5 +1,13 @@
 """Float linear layers: bfloat16 in the blocked layout of the bf16 kernel, or oneDNN's reordered
-("prepacked") weight; float32 through oneDNN prepacked.
+("prepacked") weight; float32 in the blocked layout of the float32 kernel on AVX-512 CPUs, else
+through oneDNN prepacked.
+
+float32 takes its kernel for every row count, so a row's result depends on that row alone (batch
+invariance: a request's logits the same alone or beside others; oneDNN took a matrix-vector path
+at one row and other kernels from two on, which add up in other orders, and SmolLM2's
+log-probabilities moved by up to 7e-5 between a request alone and in a batch of eight). It was
+also the faster on a Zen 4 at every row count timed, 1 to 512 (1.4-2.3x at 1-16 rows, 1-6% at
+512; the unpacked float32 head of 49152x576, 3.1 ms against F.linear's 10 at one row).
 
 Which bf16 layout, and in the blocked one which path takes how many rows (the kernel, or tiles
 unpacked for torch's GEMM in float32 or bf16), is the layer's PathPlan, timed on the CPU at hand
@@ -35,6 +43,10 @@ def compute_dtype(weight_dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if weight_dtype == torch.bfloat16 and has_fast_bf16_matmul() else torch.float32
 
 
+def runs_f32_kernel(layer: "DenseLinear", kernels: Kernels | None) -> bool:
+    return layer.weight.dtype == torch.float32 and kernels is not None and kernels.isa == "avx512"
+
+
 def runs_bf16_kernel(layer: "DenseLinear", kernels: Kernels | None) -> bool:
     return layer.weight.dtype == torch.bfloat16 and kernels is not None and kernels.isa == "avx512" \
         and layer.in_features % 2 == 0
@@ -60,15 +72,19 @@ class DenseLinear:
         return cls(torch.cat([part.weight for part in parts]), stacked_bias(parts), parts[0].scratch)
 
     def prepack(self, kernels: Kernels | None = None) -> None:
-        """The layout the plan names (without a plan: the blocked bf16 kernel's where ``kernels``
-        run it and there is no AMX, else oneDNN's), the plain weight dropped (so lookup() works
+        """float32 on AVX-512: the float32 kernel's layout, for every row count. bf16: the layout
+        the plan names (without a plan: the blocked bf16 kernel's where ``kernels`` run it and
+        there is no AMX, else oneDNN's), the plain weight dropped (so lookup() works
         only when blocked: not for a table an embedding shares). Leaves the layer as it was where
         neither runs."""
         if self.weight is None:
             return
+        if runs_f32_kernel(self, kernels):
+            self._block(kernels, blocked.block_columns)
+            return
         wants_blocked = "amx_bf16" not in cpu_features() if self.plan is None else ONEDNN not in self.plan.paths
         if runs_bf16_kernel(self, kernels) and wants_blocked:
-            self._block(kernels)
+            self._block(kernels, blocked.block_pairs)
             return
         if self.weight.dtype != self.dtype or not torch.backends.mkldnn.is_available():
             return
@@ -79,12 +95,14 @@ class DenseLinear:
         self.weight = None
 
     def as_head(self, kernels: Kernels | None) -> None:
-        """Float32 logits from here on: the bf16 kernel on the blocked layout where the CPU has
-        it, else float32 compute."""
+        """Float32 logits from here on: the bf16 or float32 kernel on its blocked layout where the
+        CPU has it, else float32 compute."""
         if self.weight is None:
             return
         if runs_bf16_kernel(self, kernels):
-            self._block(kernels)
+            self._block(kernels, blocked.block_pairs)
+        elif runs_f32_kernel(self, kernels):
+            self._block(kernels, blocked.block_columns)
         else:
             self.dtype = torch.float32
 
@@ -93,8 +111,12 @@ class DenseLinear:
         is opaque and stays)."""
         return ("weight", "blocked")
 
-    def _block(self, kernels: Kernels) -> None:
-        self.blocked, self.kernels, self.weight = blocked.block_pairs(self.weight), kernels, None
+    def _block(self, kernels: Kernels, layout) -> None:
+        self.blocked, self.kernels, self.weight = layout(self.weight), kernels, None
+
+    @property
+    def blocked_f32(self) -> bool:
+        return self.blocked is not None and self.blocked.dtype == torch.float32
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -102,7 +124,9 @@ class DenseLinear:
         if self.blocked is not None:  # float32 in and out, no conversion around the call
             x2 = x2.float().contiguous()
             path = "kernel" if self.plan is None else self.plan.path(x2.shape[0])
-            if path == "kernel":
+            if self.blocked_f32:  # every row count: batch invariance
+                y = self.kernels.ops.f32b_matmul_avx512(x2, self.blocked, self.out_features)
+            elif path == "kernel":
                 y = self.kernels.ops.bf16b_matmul_avx512(x2, self.blocked, self.out_features, self.kernels.bf16)
             else:
                 y = tiled_matmul(x2, self.out_features, self.scratch.rows_per_tile(self.in_features),
@@ -125,6 +149,8 @@ class DenseLinear:
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the weight as float32 (an embedding lookup when this is a tied embedding)."""
+        if self.blocked_f32:
+            return blocked.column_rows(self.blocked, ids)
         if self.blocked is not None:
             return blocked.pair_rows(self.blocked, ids).float()
         return self.weight.index_select(0, ids).float()

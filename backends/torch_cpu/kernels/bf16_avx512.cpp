@@ -16,20 +16,6 @@
 
 namespace qs {
 
-namespace {
-
-// A tile's NB * MT accumulators into y (rows N apart), the outputs past N left out.
-template <int NB, int MT>
-__attribute__((target("avx512f"))) QS_INLINE void store_tile(__m512 (&acc)[NB][MT], float* y, int64_t N, int64_t n0) {
-  for (int j = 0; j < NB; j++) {
-    const int64_t left = N - n0 - 16 * j;
-    const __mmask16 keep = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
-    for (int m = 0; m < MT; m++) _mm512_mask_storeu_ps(y + m * N + n0 + 16 * j, keep, acc[j][m]);
-  }
-}
-
-}  // namespace
-
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")
 namespace {
@@ -96,37 +82,18 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void round_to_bf16(const 
   for (; i < n; i++) out[i] = bf16_bits(x[i]);  // the same rounding in integers
 }
 
-// Blocks in panels of about PANEL_BYTES of weights (whole groups of 3): each tile of 8 rows of x
-// runs over a panel while the panel stays in L2, so x is read once per panel, not per group.
-constexpr int64_t PANEL_BYTES = 256 << 10;
+constexpr int64_t PANEL_BYTES = 256 << 10;  // of weights (each_panel_tile)
 
 // WIDEN: bf16b_tile_widened on float32 x, else bf16b_tile on x's bf16 pairs.
 template <bool WIDEN>
 void bf16b_range(const uint32_t* xpairs, const float* x, int64_t M, int64_t K, const uint16_t* codes, float* y,
                  int64_t N, int64_t b_begin, int64_t b_end) {
   const int64_t panel = std::max<int64_t>(1, PANEL_BYTES / (K * 16 * 2 * 3)) * 3;
-  for (int64_t p0 = b_begin; p0 < b_end; p0 += panel) {
-    const int64_t p1 = std::min(b_end, p0 + panel);
-    for (int64_t m0 = 0; m0 < M; m0 += 8) {
-      const uint32_t* xm = WIDEN ? nullptr : xpairs + m0 * (K / 2);
-      const float* xf = WIDEN ? x + m0 * K : nullptr;
-      float* ym = y + m0 * N;
-      with_count_1_to_8(M - m0, [&](auto rows) {
-        constexpr int MT = decltype(rows)::value;
-        for (int64_t b = p0; b < p1; b += 3) {
-          const uint16_t* block = codes + b * K * 16;
-          auto tile = [&](auto blocks) {
-            constexpr int NB = decltype(blocks)::value;
-            if constexpr (WIDEN) bf16b_tile_widened<NB, MT>(xf, K, block, ym, N, b * 16);
-            else bf16b_tile<NB, MT>(xm, K, block, ym, N, b * 16);
-          };
-          if (b + 2 < p1) tile(std::integral_constant<int, 3>{});
-          else if (b + 1 < p1) tile(std::integral_constant<int, 2>{});
-          else tile(std::integral_constant<int, 1>{});
-        }
-      });
-    }
-  }
+  each_panel_tile(M, b_begin, b_end, panel, [&](int64_t m0, auto rows, int64_t b, auto blocks) {
+    constexpr int MT = decltype(rows)::value, NB = decltype(blocks)::value;
+    if constexpr (WIDEN) bf16b_tile_widened<NB, MT>(x + m0 * K, K, codes + b * K * 16, y + m0 * N, N, b * 16);
+    else bf16b_tile<NB, MT>(xpairs + m0 * (K / 2), K, codes + b * K * 16, y + m0 * N, N, b * 16);
+  });
 }
 
 }  // namespace

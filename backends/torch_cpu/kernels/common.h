@@ -45,6 +45,34 @@ QS_INLINE void with_count_1_to_8(int64_t n, F&& f) {
   }
 }
 
+// A tile's NB * MT accumulators (16 outputs each) into y (rows N apart), the outputs past N left out.
+template <int NB, int MT>
+__attribute__((target("avx512f"))) QS_INLINE void store_tile(__m512 (&acc)[NB][MT], float* y, int64_t N, int64_t n0) {
+  for (int j = 0; j < NB; j++) {
+    const int64_t left = N - n0 - 16 * j;
+    const __mmask16 keep = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1);
+    for (int m = 0; m < MT; m++) _mm512_mask_storeu_ps(y + m * N + n0 + 16 * j, keep, acc[j][m]);
+  }
+}
+
+// Blocks [b_begin, b_end) in panels of `panel` blocks (whole groups of 3), every 8 rows of x run
+// over a panel while it stays in L2 (so x is read once per panel), in tiles of up to 3 blocks:
+// tile(m0, rows, b, blocks), rows and blocks as std::integral_constant.
+template <typename Tile>
+QS_INLINE void each_panel_tile(int64_t M, int64_t b_begin, int64_t b_end, int64_t panel, Tile&& tile) {
+  for (int64_t p0 = b_begin; p0 < b_end; p0 += panel) {
+    const int64_t p1 = p0 + panel < b_end ? p0 + panel : b_end;
+    for (int64_t m0 = 0; m0 < M; m0 += 8)
+      with_count_1_to_8(M - m0, [&](auto rows) {
+        for (int64_t b = p0; b < p1; b += 3) {
+          if (b + 2 < p1) tile(m0, rows, b, std::integral_constant<int, 3>{});
+          else if (b + 1 < p1) tile(m0, rows, b, std::integral_constant<int, 2>{});
+          else tile(m0, rows, b, std::integral_constant<int, 1>{});
+        }
+      });
+  }
+}
+
 // float32 -> bfloat16 bits, rounded to nearest even as torch's .to(torch.bfloat16) and
 // vcvtneps2bf16 do (a NaN stays a NaN).
 inline uint16_t bf16_bits(float f) {

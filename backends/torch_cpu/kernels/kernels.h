@@ -50,6 +50,9 @@ namespace qs {
 // to bf16 and pairs multiplied by vdpbf16ps (AVX512-BF16), else weights widened to float32 (AVX-512).
 void bf16b_matmul_avx512(const float* x, int64_t M, int64_t K, const uint16_t* codes, int64_t N, float* y,
                          bool dot_bf16);
+// float32 weights [blocks, K, 16 rows] times float32 x (f32_avx512.cpp): each output summed over
+// k in order, the same bits whatever M.
+void f32b_matmul_avx512(const float* x, int64_t M, int64_t K, const float* w, int64_t N, float* y);
 
 // Fused element-wise steps of a decoder layer (fused.cpp), float32, rows independent; head_norm_rope
 // and silu_mul take rows at a stride (the column slices of a merged projection's output).

@@ -1,5 +1,5 @@
 """The agent CLIs people drive local models with, run headless against a live server: Claude
-Code (Anthropic's Messages API). Their binaries come from npm (tests/agent_clis/package.json,
+Code (Anthropic's Messages API) and Codex (OpenAI's Responses API). Their binaries come from npm (tests/agent_clis/package.json,
 installed by the README's test command); the server is the scripted backend on a random Qwen3
 checkpoint with room for Claude Code's ~12k-token system prompt and tools, answering every
 request (the CLIs send no seed) with one known reply.
@@ -59,3 +59,26 @@ def test_claude_code_answers_and_its_long_prompt_hits_the_prefix_cache(server, t
     requests = list(request_log(server).values())
     assert len(requests) >= 2 and all(r["finish_reason"] == "stop" for r in requests), requests
     assert requests[-1]["prompt_tokens"] > 10_000 and requests[-1]["cached_tokens"] > 10_000
+
+
+def codex(server, home: Path, prompt: str) -> str:
+    """``codex exec`` with a model provider entry as docs/serving.md gives it; what it printed."""
+    home.mkdir(exist_ok=True)
+    (home / "config.toml").write_text(
+        'model = "qwen"\nmodel_provider = "qwen-serve"\n\n[model_providers.qwen-serve]\nname = "qwen-serve"\n'
+        f'base_url = "{server.base_url}"\nwire_api = "responses"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))} | {"CODEX_HOME": str(home)}
+    done = subprocess.run([str(BIN / "codex"), "exec", "--skip-git-repo-check", prompt], env=env, cwd=home,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_codex_answers_and_its_prompt_hits_the_prefix_cache(server, tmp_path):
+    before = set(request_log(server))
+    for _ in range(2):
+        assert REPLY in codex(server, tmp_path / "codex", "say hi")
+    requests = [r for key, r in request_log(server).items() if key not in before]
+    assert [r["id"].startswith("resp_") for r in requests] == [True, True], requests
+    assert all(r["finish_reason"] == "stop" for r in requests)
+    assert requests[-1]["prompt_tokens"] > 5_000 and requests[-1]["cached_tokens"] > 5_000, requests

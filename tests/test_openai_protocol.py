@@ -131,7 +131,9 @@ def test_grammar_starts_after_think_when_the_prompt_leaves_it_open(qwen_backend,
 
 def test_reasoning_effort_none_turns_thinking_off_unless_the_template_kwargs_say_otherwise():
     assert chat(reasoning_effort="none").template_kwargs == {"enable_thinking": False}
-    assert chat(reasoning_effort="high").template_kwargs == {}
+    assert chat(reasoning_effort="minimal").template_kwargs == {"enable_thinking": False}
+    assert chat(reasoning_effort="high").template_kwargs == {"enable_thinking": True}
+    assert chat().template_kwargs == {}
     assert chat(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True, "x": 1}).template_kwargs == {
         "enable_thinking": True, "x": 1}
 

@@ -18,7 +18,8 @@ def test_builtins_are_registered_without_entry_points():
     registry = load_registry(env={"QWEN_SERVE_PLUGINS": ""})
     assert {"torch", "mlx"} <= set(registry.backends)
     assert {"paged", "naive", "paged-int8", "sliding-window"} <= set(registry.kv_caches)
-    assert list(registry.logits_processors) == ["penalties", "logit_bias", "min_tokens", "structured_output"]
+    assert list(registry.logits_processors) == ["penalties", "logit_bias", "min_tokens", "structured_output",
+                                                     "thinking_budget"]
 
 
 def test_unknown_names_give_one_line_errors_naming_what_is_installed():

@@ -181,6 +181,14 @@ def test_unknown_previous_response_is_404(client):
     assert caught.value.body["param"] == "previous_response_id"
 
 
+def test_an_id_that_utf8_cannot_encode_is_still_a_404(server):
+    """A lone surrogate (valid JSON escape, no UTF-8 form) repeated in the error: escaped, not a 500."""
+    status, _, body = server.request("POST", "/v1/responses",
+                                     b'{"input": "hi", "previous_response_id": "\\ud843"}')
+    assert status == 404, body
+    assert json.loads(body)["error"]["param"] == "previous_response_id"
+
+
 def test_get_and_delete(client, server, seeds):
     created = client.responses.create(model=MODEL, input="Hello", extra_body={"seed": seeds["plain"]})
     assert client.responses.retrieve(created.id).model_dump() == created.model_dump()

@@ -11,8 +11,18 @@ from aiohttp import web
 
 
 def json_response(body: Any, status: int = 200, headers: dict | None = None) -> web.Response:
-    return web.json_response(body, status=status, headers=headers,
-                             dumps=lambda o: json.dumps(o, ensure_ascii=False))
+    return web.json_response(body, status=status, headers=headers, dumps=to_json)
+
+
+def to_json(body: Any, separators: tuple[str, str] | None = None) -> str:
+    """JSON whose UTF-8 always encodes: escaped to ASCII when the body holds a lone surrogate
+    (a client can send one; an error message or a request echo repeats it)."""
+    text = json.dumps(body, ensure_ascii=False, separators=separators)
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(body, separators=separators)
+    return text
 
 
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,

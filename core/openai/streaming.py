@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from contextlib import aclosing
 from typing import Any, AsyncGenerator, AsyncIterator, Sequence, TypeVar
 
 from aiohttp import web
+
+from .bodies import to_json
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
@@ -30,7 +31,7 @@ _END = object()
 def sse(payload: dict[str, Any], event: str | None = None) -> bytes:
     """One event carrying compact JSON, named when the API names its events (Anthropic's and
     the Responses API's clients dispatch on the name)."""
-    data = b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    data = b"data: " + to_json(payload, separators=(",", ":")).encode() + b"\n\n"
     return data if event is None else f"event: {event}\n".encode() + data
 
 

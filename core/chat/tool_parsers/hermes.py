@@ -1,7 +1,7 @@
 """Hermes / Qwen3 tool calls: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
 
 Each block whose body is a JSON object with a string ``name`` (and an object ``arguments``)
-becomes a ToolCall; any other block stays content (blocks.ToolCallBlocks does the streaming).
+becomes a ToolCall; any other block stays content (call_blocks.ToolCallBlocks does the streaming).
 The arguments arrive typed as JSON already, so the offered tools are not needed.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import ClassVar, Sequence
 from ...sampling.params import ToolCallFormat
 from ..tools import Tool
 from .base import ToolCall
-from .blocks import ToolCallBlocks
+from .call_blocks import ToolCallBlocks
 
 
 class HermesToolParser(ToolCallBlocks):

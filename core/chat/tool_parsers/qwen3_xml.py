@@ -16,7 +16,7 @@ declared integer, number, boolean, object, array or null is read as JSON (True, 
 as Python spells them too; the text when it does not parse), a string is kept verbatim, less the one newline the format puts on each side.
 A block holding one closed ``<function=NAME>`` is a call, whether or not NAME was offered (as
 vLLM's parser: the client sees what the model asked for); any other block stays content, and
-so does a block cut off before ``</function>`` (blocks.ToolCallBlocks does the streaming).
+so does a block cut off before ``</function>`` (call_blocks.ToolCallBlocks does the streaming).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 from ...sampling.params import ToolCallFormat
 from ..tools import Tool
 from .base import ToolCall
-from .blocks import ToolCallBlocks
+from .call_blocks import ToolCallBlocks
 
 FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*)</function>\s*", re.S)
 PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.S)

@@ -2,7 +2,7 @@
 Qwen3-Coder-style template (tests/qwen3_coder_template.py), so the XML parser is chosen from the
 template with no flag; the scripted backend (tests/scripted_backend.py) writes known calls, tags
 split across tokens among them, and the real `openai` client reads typed tool_calls, JSON and
-streamed alike."""
+streamed alike; and a forced call runs under the XML form's grammar."""
 from __future__ import annotations
 
 import pytest
@@ -45,12 +45,13 @@ CASES = {
         {"reasoning_content": None, "content": "Trying: <tool_call>\n<function>get_weather</function>\n</tool_call>",
          "tool_calls": []}, "stop"),
 }
+FORCED = ["<tool_call>", "\n", *WEATHER, "</tool_call>"]  # what the XML grammar lets through, token by token
 
 
 @pytest.fixture(scope="module")
 def scripts(qwen3_tiny, tmp_path_factory) -> dict[str, int]:
     tokenizer = tokenizers.Tokenizer.from_file(str(qwen3_tiny / "tokenizer.json"))
-    spelled = {name: spell(tokenizer, case[0]) for name, case in CASES.items()}
+    spelled = {name: spell(tokenizer, case[0]) for name, case in CASES.items()} | {"forced": spell(tokenizer, FORCED)}
     assert not {TOOL_CALL, END_TOOL_CALL} & set(spelled["two calls, every tag split across tokens"]), \
         "the split tags must be ordinary tokens"
     return write_scripts(spelled, tmp_path_factory.mktemp("xml-scripts"))
@@ -77,3 +78,15 @@ def test_xml_calls_json_and_stream(client, scripts, name):
     joined = streamed.choices[0]
     assert joined.message() == expected, "joined deltas differ from the JSON message"
     assert joined.finish_reason == finish_reason
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_runs_under_the_xml_grammar(client, scripts, tool_choice):
+    """The scripted backend writes its script whatever the mask says, and a token the grammar
+    refuses fails the request: the XML call passing shows the grammar is the XML one."""
+    reply = client.chat.completions.create(model=client.models.list().data[0].id, tools=TOOLS, seed=scripts["forced"],
+                                           messages=[{"role": "user", "content": "Go."}], tool_choice=tool_choice)
+    assert reply_message(reply.choices[0].message) == {
+        "reasoning_content": None, "content": None,
+        "tool_calls": [("get_weather", {"city": "São Paulo", "days": 3, "metric": True})]}
+    assert reply.choices[0].finish_reason == "tool_calls"

@@ -61,7 +61,10 @@ class ScriptedSampler:
             raise ValueError(f"no script {seed}: {len(self.scripts)} scripts (the seed chooses one)")
         return ScriptCursor(self.scripts[seed])
 
-    def sample(self, logits: Any, params: Sequence[Any], generators: Sequence[ScriptCursor]) -> SampleResult:
+    def sample(self, logits: Any, params: Sequence[Any], generators: Sequence[ScriptCursor],
+               adjustment: Any = None) -> SampleResult:
+        """The scripts' next tokens; a grammar's mask is not applied, but a script token the grammar
+        refuses still fails its request (the grammar state checks every generated token)."""
         return SampleResult([g.next_token() for g in generators], [None] * len(generators))
 
 

@@ -6,6 +6,8 @@ What the template can do is found out once, by rendering: whether it renders ``t
 probe tool's name must appear in the prompt; if not, the Hermes fallback of
 tool_parsers.hermes_prompt describes the tools instead), and, for every request, where the
 new turn starts relative to a think block (read from the text the generation prompt adds).
+Unless named, the parsers are chosen from the template's source: one that writes ``<think>``
+gets Qwen3's reasoning parser, one that writes ``<function=`` Qwen3-Coder's XML tool calls.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from ..checkpoints.tokenizer import Tokenizer
 from ..errors import InvalidRequest
+from ..sampling.params import ToolCallFormat
 from .output_parser import ChatOutputParser
 from .reasoning import ThinkState, choose_reasoning_parser
 from .tool_parsers import choose_tool_parser
@@ -38,7 +41,7 @@ class ChatFormat:
         self.tokenizer = tokenizer
         source = tokenizer.chat_template.source if tokenizer.chat_template else None
         self.reasoning_parser = choose_reasoning_parser(reasoning_parser, source)
-        self.tool_parser = choose_tool_parser(tool_call_parser)
+        self.tool_parser = choose_tool_parser(tool_call_parser, source)
         self.renders_tools = self._renders_tools()
         end_tag = self.reasoning_parser.end_tag
         self.think_end_token_id = tokenizer.token_to_id(end_tag) if end_tag else None
@@ -88,8 +91,13 @@ class ChatFormat:
 
     def output_parser(self, rendered: RenderedChat) -> ChatOutputParser:
         """A fresh parser for one choice of a request rendered by this format."""
-        tools = self.tool_parser() if rendered.parsed_tools else None
+        tools = self.tool_parser(rendered.parsed_tools) if rendered.parsed_tools else None
         return ChatOutputParser(self.reasoning_parser(rendered.think_state), tools)
+
+    @property
+    def tool_format(self) -> ToolCallFormat:
+        """The form a forced tool call is written in: the one this format's tool parser reads."""
+        return self.tool_parser.call_format if self.tool_parser is not None else "hermes"
 
     def constraint_start(self, rendered: RenderedChat) -> int | None:
         """The token after which a grammar applies: the think block's end when the prompt left it open."""

@@ -15,7 +15,7 @@ from pydantic import AfterValidator, Field
 from ..chat.tools import JsonSchema, Tool, ToolChoice
 from ..chat.validation import Body
 from ..errors import InvalidRequest
-from ..sampling.params import StructuredOutput
+from ..sampling.params import StructuredOutput, ToolCallFormat
 
 
 @dataclass(frozen=True)
@@ -56,16 +56,23 @@ ResponseFormatField = Annotated[Union[TextFormat, JsonObjectFormat, JsonSchemaFo
 
 
 def structured_output(response_format: ResponseFormat | None, tool_choice: ToolChoice, tools: tuple[Tool, ...],
-                      after_token_id: int | None) -> StructuredOutput | None:
-    """The constraint a request asks for, if any."""
+                      after_token_id: int | None, tool_format: ToolCallFormat = "hermes") -> StructuredOutput | None:
+    """The constraint a request asks for, if any; forced calls in ``tool_format``, the form the
+    model's tool parser reads (ChatFormat.tool_format)."""
     forced_tools = tool_choice.mode in ("required", "function")
     if forced_tools and response_format is not None:
         raise InvalidRequest(f"'response_format' {response_format.kind!r} cannot be combined with 'tool_choice' "
                              f"{tool_choice.name or tool_choice.mode!r}", param="response_format")
     if forced_tools:
         offered = tool_choice.offered(tools)
-        return StructuredOutput("tool_calls", tools=tuple((t.name, t.parameters_json) for t in offered),
-                                after_token_id=after_token_id)
+        return StructuredOutput("tool_calls", tools=tuple((t.name, _schema_text(t, tool_format)) for t in offered),
+                                after_token_id=after_token_id, tool_format=tool_format)
     if response_format is None:
         return None
     return StructuredOutput(response_format.kind, schema=response_format.schema, after_token_id=after_token_id)
+
+
+def _schema_text(tool: Tool, tool_format: ToolCallFormat) -> str:
+    """The XML form's grammar writes the parameters in the order the client listed them (the order
+    the template shows the model), so their order is kept; a Hermes call's JSON takes sorted keys."""
+    return json.dumps(tool.parameters) if tool_format == "qwen3_xml" else tool.parameters_json

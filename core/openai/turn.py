@@ -53,7 +53,7 @@ def start_turn(served: ServedModel, turn: ChatTurn, reply_id: str, arrival: floa
     if budget is not None and chat_format.think_end_token_id is not None:
         params = replace(params, thinking_budget=budget)
     structured = structured_output(turn.response_format, turn.tool_choice, turn.tools,
-                                   chat_format.constraint_start(rendered))
+                                   chat_format.constraint_start(rendered), tool_format=chat_format.tool_format)
     if structured is not None:
         params = replace(params, structured=structured)
     outputs = served.engine.generate(reply_id, rendered.token_ids, params, arrival, priority=turn.priority)

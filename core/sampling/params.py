@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence, get_args
 
 from .request_args import StoredArgs, freeze_request_args, thaw_request_args
 
 StructuredKind = Literal["json_object", "json_schema", "tool_calls"]
+ToolCallFormat = Literal["hermes", "qwen3_xml"]  # the forms a tool_calls constraint can write
+TOOL_CALL_FORMATS: tuple[str, ...] = get_args(ToolCallFormat)
 
 
 @dataclass(frozen=True)
@@ -23,9 +25,11 @@ class StructuredOutput:
 
     - ``json_object``: any JSON object.
     - ``json_schema``: JSON valid against ``schema`` (JSON text, so the value is hashable).
-    - ``tool_calls``: one or more Hermes/Qwen3 calls, ``<tool_call>\\n{"name": ..., "arguments":
-      ...}\\n</tool_call>``, each naming one of ``tools`` (name, parameters schema as JSON text)
-      with arguments valid against its schema; a single tool means that function is required.
+    - ``tool_calls``: one or more calls, each naming one of ``tools`` (name, parameters schema as
+      JSON text) with arguments valid against its schema; a single tool means that function is
+      required. ``tool_format`` is the form the calls take, the one the model's tool parser reads:
+      ``hermes`` (Qwen3's ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>``) or
+      ``qwen3_xml`` (Qwen3-Coder's ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\n...``).
 
     ``after_token_id``: the constraint starts only once this token has been generated (Qwen3's
     ``</think>`` while a think block is open); None means from the first token.
@@ -35,6 +39,7 @@ class StructuredOutput:
     schema: str | None = None
     tools: tuple[tuple[str, str], ...] = ()
     after_token_id: int | None = None
+    tool_format: ToolCallFormat = "hermes"
 
     def __post_init__(self) -> None:
         if self.kind not in ("json_object", "json_schema", "tool_calls"):
@@ -43,6 +48,8 @@ class StructuredOutput:
             raise ValueError("a json_schema constraint needs its schema as JSON text")
         if self.kind == "tool_calls" and not self.tools:
             raise ValueError("a tool_calls constraint needs at least one tool")
+        if self.tool_format not in TOOL_CALL_FORMATS:
+            raise ValueError(f"unknown tool call format {self.tool_format!r} (one of {', '.join(TOOL_CALL_FORMATS)})")
 
     @classmethod
     def json_schema(cls, schema: Mapping[str, Any], after_token_id: int | None = None) -> "StructuredOutput":

@@ -57,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, help="model name the API reports and accepts")
     p.add_argument("--reasoning-parser", default=None,
                    help="how replies separate reasoning: qwen3 | none (default: qwen3 if the chat template writes <think>)")
-    p.add_argument("--tool-call-parser", default=None, help="how replies' tool calls are read: hermes | qwen3 | none "
-                   "(default: hermes)")
+    p.add_argument("--tool-call-parser", default=None, help="how replies' tool calls are read: hermes | qwen3 | "
+                   "qwen3_xml | qwen3_coder | none (default: qwen3_xml if the chat template writes <function=, else hermes)")
     p.add_argument("--generation-config", choices=GENERATION_CONFIG_CHOICES, default="auto",
                    help="auto: the sampling fields a request leaves out take the checkpoint's generation_config.json "
                         "values (temperature, top_p, top_k, min_p, repetition_penalty); none: the API's defaults")

@@ -2,13 +2,17 @@
 
 Like the reasoning parsers, a tool parser is a per-choice state machine over the content text:
 ``feed`` returns what became final, ``finish`` flushes, ``extract`` runs a fresh machine over a
-whole text, so streamed and whole-text results agree however the text was split.
+whole text, so streamed and whole-text results agree however the text was split. A parser is
+built for one choice from the tools offered to its request; ``call_format`` names the form its
+calls take, which a grammar writes when ``tool_choice`` forces a call.
 """
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from ...sampling.params import ToolCallFormat
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class ToolDelta:
 @runtime_checkable
 class ToolParser(Protocol):
     name: ClassVar[str]
+    call_format: ClassVar[ToolCallFormat]
 
     def feed(self, text: str) -> ToolDelta: ...
 

@@ -1,93 +1,26 @@
 """Hermes / Qwen3 tool calls: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
 
 Each block whose body is a JSON object with a string ``name`` (and an object ``arguments``)
-becomes a ToolCall; any other block stays content, tags and all, so nothing the model wrote is
-lost and bad output is never an error. Text outside blocks is content; whitespace next to a
-call only separates and is kept only between two pieces of content. A call is given out whole
-once its block closes (or, for the last block, when the output ends), so a stream never shows a
-call that later turns out invalid.
+becomes a ToolCall; any other block stays content (call_blocks.ToolCallBlocks does the streaming).
+The arguments arrive typed as JSON already, so the offered tools are not needed.
 """
 from __future__ import annotations
 
 import json
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
-from ..tags import partial_tag_length
-from .base import ToolCall, ToolDelta
+from ...sampling.params import ToolCallFormat
+from ..tools import Tool
+from .base import ToolCall
+from .call_blocks import ToolCallBlocks
 
-START, END = "<tool_call>", "</tool_call>"
 
-
-class HermesToolParser:
+class HermesToolParser(ToolCallBlocks):
     name: ClassVar[str] = "hermes"
+    call_format: ClassVar[ToolCallFormat] = "hermes"
 
-    def __init__(self) -> None:
-        self._held = ""  # not looked at yet, or the beginning of a tag
-        self._in_call = False
-        self._space = ""  # whitespace waiting for what follows it
-        self._space_touches_call = False  # ... and whether a call is next to it
-        self._content_given = False
-
-    def feed(self, text: str) -> ToolDelta:
-        self._held += text
-        return self._drain(final=False)
-
-    def finish(self) -> ToolDelta:
-        return self._drain(final=True)
-
-    def extract(self, text: str) -> ToolDelta:
-        return self.feed(text) + self.finish()
-
-    def _drain(self, final: bool) -> ToolDelta:
-        out = ToolDelta()
-        while self._held:
-            if self._in_call:
-                end = self._held.find(END)
-                if end < 0 and not final:
-                    break
-                body, closed = (self._held[:end], True) if end >= 0 else (self._held, False)
-                self._held = self._held[end + len(END):] if closed else ""
-                self._in_call = False
-                call = parse_call(body)
-                if call is None:
-                    self._give(START + body + (END if closed else ""), out)
-                else:
-                    out.calls.append(call)
-                    self._space_touches_call = True
-                continue
-            start = self._held.find(START)
-            if start >= 0:
-                self._text(self._held[:start], out)
-                self._held, self._in_call = self._held[start + len(START):], True
-                continue
-            ready = self._held if final else self._held[:len(self._held) - partial_tag_length(self._held, START)]
-            self._text(ready, out)
-            self._held = self._held[len(ready):]
-            break
-        if final:
-            if not self._space_touches_call:
-                out.content += self._space  # plain trailing whitespace of the reply
-            self._space = ""
-        return out
-
-    def _text(self, text: str, out: ToolDelta) -> None:
-        """Content outside calls: its trailing whitespace waits, since a call may follow."""
-        if self._space_touches_call:
-            body = text.lstrip()
-            self._space += text[:len(text) - len(body)]
-            text = body
-        body = text.rstrip()
-        if not body:
-            self._space += text
-            return
-        self._give(body, out)
-        self._space = text[len(body):]
-
-    def _give(self, text: str, out: ToolDelta) -> None:
-        if self._content_given or not self._space_touches_call:
-            out.content += self._space  # whitespace between two pieces of content
-        out.content += text
-        self._space, self._space_touches_call, self._content_given = "", False, True
+    def __init__(self, tools: Sequence[Tool] = ()) -> None:
+        super().__init__(parse_call)
 
 
 def parse_call(body: str) -> ToolCall | None:

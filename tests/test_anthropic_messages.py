@@ -155,6 +155,7 @@ def test_system_blocks_and_what_agents_send_that_is_not_used(client, server, see
     ({"max_tokens": 8, "messages": ASK, "tools": [WEATHER_TOOL], "tool_choice": {"type": "tool", "name": "nope"}},
      "tool_choice"),
     ({"max_tokens": 8, "messages": []}, "messages"),
+    ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": {"not": "a string"}}]}]}, "type"),
 ])
 def test_bad_requests_are_400_in_anthropic_shape(client, body, param):
     with pytest.raises(anthropic.BadRequestError) as caught:

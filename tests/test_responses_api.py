@@ -241,6 +241,7 @@ def test_what_codex_sends_that_is_not_used_is_accepted(client, seeds):
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]}, "input[0].arguments"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "hi", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+    ({"input": [{"type": {"not": "a string"}}]}, "input[0].type"),  # the fuzz found a 500 here
 ])
 def test_bad_requests_are_400(client, fields, param):
     with pytest.raises(openai.BadRequestError) as caught:

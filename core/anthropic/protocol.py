@@ -73,7 +73,7 @@ BLOCKS = {"text": TextBlock, "thinking": ThinkingBlock, "tool_use": ToolUseBlock
 
 def _block_kind(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else None
-    return kind if kind in BLOCKS else "ignored"
+    return kind if isinstance(kind, str) and kind in BLOCKS else "ignored"  # a type that is no string too
 
 
 ContentBlock = Annotated[Union[tuple(Annotated[model, Tag(kind)] for kind, model in BLOCKS.items())

@@ -39,7 +39,7 @@ PARTS = {"input_text": InputTextPart, "input_image": _refused("input_image", "In
 def _part_kind(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else None
     kind = "input_text" if kind == "output_text" else kind  # an assistant message's text
-    return kind if kind in PARTS else "ignored"  # a refusal, or a part type this server does not know
+    return kind if isinstance(kind, str) and kind in PARTS else "ignored"  # a refusal, or a part type this server does not know
 
 
 InputPart = Annotated[Union[tuple(Annotated[model, Tag(kind)] for kind, model in PARTS.items())
@@ -97,7 +97,7 @@ def _item_kind(value: Any) -> str | None:
     if not isinstance(value, dict):
         return None
     kind = value.get("type", "message" if "role" in value else None)
-    return kind if kind in ITEMS else "ignored"
+    return kind if isinstance(kind, str) and kind in ITEMS else "ignored"  # a type that is no string too
 
 
 InputItem = Annotated[Union[tuple(Annotated[model, Tag(kind)] for kind, model in ITEMS.items())

@@ -9,10 +9,10 @@ from contextlib import aclosing
 from aiohttp import web
 
 from ..openai.bodies import json_response
-from ..openai.serving import ReplyTally, ServedModel, answer_json, answer_stream
+from ..openai.serving import OneChoice, ReplyTally, ServedModel, answer_json, answer_stream
 from ..openai.turn import start_turn
 from .protocol import parse_count_tokens_request, parse_messages_request
-from .reply import MessageJson, MessageReply, MessageStream, anthropic_usage, new_message_id
+from .reply import MessageReply, MessageStream, anthropic_usage, new_message_id
 from .translate import chat_turn
 
 
@@ -31,7 +31,7 @@ class Messages:
             keyed = ((0, out, 0) async for out in outputs)
             if req.stream:
                 return await answer_stream(served, request, keyed, tally, MessageStream(reply, tally))
-            return await answer_json(served, keyed, tally, [MessageJson(reply)],
+            return await answer_json(served, keyed, tally, [OneChoice(reply.take, reply.message)],
                                      lambda bodies, _: {**bodies[0], "usage": anthropic_usage(tally)})
 
     async def count_tokens(self, request: web.Request) -> web.Response:

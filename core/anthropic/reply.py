@@ -107,21 +107,6 @@ def anthropic_usage(tally: ReplyTally) -> dict[str, int]:
             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 
 
-class MessageJson:
-    """The reply as answer_json collects it (one choice)."""
-
-    index = 0
-
-    def __init__(self, reply: MessageReply) -> None:
-        self.reply = reply
-
-    def record(self, out: RequestOutput) -> None:
-        self.reply.take(out)
-
-    def json_choice(self) -> dict[str, Any]:
-        return self.reply.message()
-
-
 class MessageStream:
     """The reply as answer_stream writes it (qwen_serve.openai.serving.StreamWriter)."""
 

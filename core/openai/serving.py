@@ -123,6 +123,23 @@ class StreamedChoice(Protocol):
     def json_choice(self) -> dict[str, Any]: ...
 
 
+class OneChoice:
+    """A one-choice reply (Messages, Responses) as answer_json collects it: each output goes to
+    ``take``, and ``body`` makes the reply's body once every output is in."""
+
+    index = 0
+
+    def __init__(self, take: Callable[[RequestOutput], Any], body: Callable[[], dict[str, Any]]) -> None:
+        self._take = take
+        self._body = body
+
+    def record(self, out: RequestOutput) -> None:
+        self._take(out)
+
+    def json_choice(self) -> dict[str, Any]:
+        return self._body()
+
+
 class StreamWriter(Protocol):
     """How one API writes a reply as Server-Sent Events; answer_stream drives it."""
 

@@ -13,10 +13,10 @@ from aiohttp import web
 
 from ..chat.validation import validate
 from ..openai.bodies import error_body, json_response
-from ..openai.serving import ReplyTally, ServedModel, answer_json, answer_stream
+from ..openai.serving import OneChoice, ReplyTally, ServedModel, answer_json, answer_stream
 from ..openai.turn import start_turn
 from .protocol import ENCRYPTED_REASONING, INPUT_ITEMS, parse_responses_request
-from .reply import ResponseJson, ResponseReply, new_id, request_echo
+from .reply import ResponseReply, new_id, request_echo
 from .store import ResponseStore
 from .stream import ResponseStream
 from .translate import chat_turn
@@ -61,7 +61,7 @@ class Responses:
             keyed = ((0, out, 0) async for out in outputs)
             if req.stream:
                 return await answer_stream(served, request, keyed, tally, ResponseStream(reply, keep))
-            return await answer_json(served, keyed, tally, [ResponseJson(reply)], lambda bodies, _: keep(bodies[0]))
+            return await answer_json(served, keyed, tally, [OneChoice(reply.take, reply.response)], lambda bodies, _: keep(bodies[0]))
 
     async def retrieve(self, request: web.Request) -> web.Response:
         response_id = request.match_info["response_id"]

@@ -152,16 +152,3 @@ class ResponseReply:
                 "total_tokens": tally.prompt_tokens + tally.completion_tokens}
 
 
-class ResponseJson:
-    """The reply as answer_json collects it (one choice)."""
-
-    index = 0
-
-    def __init__(self, reply: ResponseReply) -> None:
-        self.reply = reply
-
-    def record(self, out: RequestOutput) -> None:
-        self.reply.take(out)
-
-    def json_choice(self) -> dict[str, Any]:
-        return self.reply.response()

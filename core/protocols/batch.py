@@ -1,7 +1,7 @@
 """What one model call is given (a StepBatch of ScheduledChunks) and what sampling returns."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 
@@ -25,9 +25,3 @@ class StepBatch:
     @property
     def num_tokens(self) -> int:
         return sum(len(c.token_ids) for c in self.chunks)
-
-
-@dataclass(frozen=True)
-class SampleResult:
-    token_ids: list[int]
-    logprobs: list[dict[int, float] | None] = field(default_factory=list)

@@ -1,6 +1,6 @@
 """The sampling fields of SamplingParams: each changes output as documented, the
-numbers agree with their definitions (transformers for the repetition penalty), both backends
-apply the same adjustment, and a plugin can add its own processor through the hook."""
+numbers agree with their definitions (transformers for the repetition penalty), the adjustment
+applies them in order, and a plugin can add its own processor through the hook."""
 from __future__ import annotations
 
 from collections import Counter
@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from qwen_serve import LLM, SamplingParams
-from qwen_serve.backends.torch_cpu.sampler import TorchSampler, apply_adjustment, distribution
+from qwen_serve.backends.torch_cpu.sampler import TorchSampler
 from qwen_serve.errors import InvalidRequest
 from qwen_serve.hookspecs import hookimpl
 from qwen_serve.logits.penalties import LogitBias, MinTokens, Penalties
 from qwen_serve.protocols import LogitsProcessor, LogitsState
 from qwen_serve.registry import load_registry, make_plugin_manager
 from qwen_serve.sampling.adjustment import BatchAdjustment, LogitsAdjustment
+from qwen_serve.sampling.rule import adjusted_logits, weights
 
 VOCAB = 64
 
@@ -28,6 +29,10 @@ def config(vocab=VOCAB, eos=(2,)):
 
 def request(prompt, output, **params):
     return SimpleNamespace(prompt_token_ids=list(prompt), output_token_ids=list(output), params=SamplingParams(**params))
+
+
+def apply_adjustment(logits: torch.Tensor, batch: BatchAdjustment) -> torch.Tensor:
+    return torch.from_numpy(adjusted_logits(logits.numpy(), batch))
 
 
 def adjusted(logits: torch.Tensor, processor, requests) -> torch.Tensor:
@@ -96,9 +101,9 @@ def test_merged_adjustments_compose_like_one_after_the_other():
 
 def test_min_p_removes_tokens_below_min_p_times_the_top_probability():
     probs = torch.tensor([0.40, 0.30, 0.15, 0.09, 0.06])
-    weights = distribution(probs.log(), SamplingParams(temperature=1.0, min_p=0.25))
-    kept = weights / weights.sum()
-    assert (weights[3:] == 0).all()  # 0.09 and 0.06 < 0.25 * 0.40
+    left = torch.from_numpy(weights(probs.log().numpy(), SamplingParams(temperature=1.0, min_p=0.25)))
+    kept = left / left.sum()
+    assert (left[3:] == 0).all()  # 0.09 and 0.06 < 0.25 * 0.40
     assert torch.allclose(kept[:3], (probs[:3] / probs[:3].sum()).double())
     sampler = TorchSampler()
     generator = sampler.make_generator(0)
@@ -117,10 +122,7 @@ def test_greedy_rows_see_the_adjustment():
     assert biased.logprobs[0][1] > biased.logprobs[0][2]  # logprobs stay the model's own
 
 
-def test_mlx_applies_the_same_adjustment_as_torch():
-    from qwen_serve.backends.mlx.mx import mx
-    from qwen_serve.backends.mlx.sampler import apply_adjustment as mlx_apply
-
+def test_the_adjustment_applies_penalties_then_biases_then_masks():
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(3, 70)).astype(np.float32) * 3
     mask = np.zeros(3, np.int32)
@@ -130,10 +132,21 @@ def test_mlx_applies_the_same_adjustment_as_torch():
                              allowed=mask),
             None,
             LogitsAdjustment(bias_ids=np.array([3]), bias_values=np.array([-100.0], np.float32))]
-    batch = BatchAdjustment.of_rows(rows)
-    ours = apply_adjustment(torch.from_numpy(logits), batch).numpy()
-    theirs = np.array(mlx_apply(mx.array(logits), batch))
-    np.testing.assert_array_equal(ours, theirs)
+    ours = adjusted_logits(logits, BatchAdjustment.of_rows(rows))
+    expected = logits.copy()  # entry by entry, in the documented order
+    for row, a in enumerate(rows):
+        if a is None:
+            continue
+        for token, factor in zip(a.penalty_ids, a.penalty_factors):
+            x = expected[row, token]
+            expected[row, token] = x * factor if x < 0 else x / factor
+        for token, bias in zip(a.bias_ids, a.bias_values):
+            expected[row, token] += bias
+        if a.allowed is not None:
+            for token in range(70):
+                if not (int(a.allowed[token // 32]) >> (token % 32)) & 1:
+                    expected[row, token] = -np.inf
+    np.testing.assert_array_equal(ours, expected)
     np.testing.assert_array_equal(ours[1], logits[1])
     assert np.isneginf(ours[0, [0, 3, 6, 8, 69]]).all() and np.isfinite(ours[0, [1, 2, 4, 5, 7]]).all()
 
@@ -155,7 +168,6 @@ def test_extreme_repetition_penalties_keep_logits_finite_and_sampling_working(pe
     token's logit into inf (or 0 / 0 into NaN) and sampling into an error, on either backend."""
     from qwen_serve.backends.mlx.mx import mx
     from qwen_serve.backends.mlx.sampler import MLXSampler
-    from qwen_serve.backends.mlx.sampler import apply_adjustment as mlx_apply
 
     logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(4)) * 4
     logits[0, 5] = 0.0
@@ -167,15 +179,11 @@ def test_extreme_repetition_penalties_keep_logits_finite_and_sampling_working(pe
         rows.append(state.adjust(req))
     batch = BatchAdjustment.of_rows(rows)
     ours = apply_adjustment(logits, batch)
-    np.testing.assert_allclose(ours.numpy(), np.array(mlx_apply(mx.array(logits.numpy()), batch)),
-                               rtol=1e-6, atol=1e-37)  # subnormals may flush to zero on one of them
     assert torch.isfinite(ours).all()
     params = [r.params for r in reqs]
-    for sampler in (TorchSampler(), MLXSampler()):
+    for sampler, rows_in in ((TorchSampler(), logits), (MLXSampler(), mx.array(logits.numpy()))):
         generators = [sampler.make_generator(i) for i in range(2)]
-        rows_in = ours if isinstance(sampler, TorchSampler) else mx.array(logits.numpy())
-        tokens = sampler.sample(rows_in, params, generators,
-                                adjustment=None if isinstance(sampler, TorchSampler) else batch).token_ids
+        tokens = sampler.sample(rows_in, params, generators, adjustment=batch).token_ids
         assert all(0 <= t < VOCAB for t in tokens)
         top = torch.nonzero(ours[0] == ours[0].max()).flatten().tolist()  # several, when clamped to float32's max
         assert tokens[0] in top  # a temperature of 1e-300 draws a top token

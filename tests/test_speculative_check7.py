@@ -3,31 +3,31 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from qwen_serve import LLM
-from qwen_serve.backends.torch_cpu.sampler import TorchSampler, distribution
+from qwen_serve.backends.torch_cpu.sampler import TorchSampler, float32_rows
 from qwen_serve.conformance import speculation
+from qwen_serve.sampling.rule import draw, weights
 
 
 class AlwaysAccept(TorchSampler):
     def verify_draft(self, logits, params, generator, draft):
-        return list(draft) + [self._draw(logits[len(draft)].float(), params, generator)]
+        return list(draft) + [draw(weights(float32_rows(logits)[len(draft)], params), generator)]
 
 
 class ResampleWithTheDraft(TorchSampler):
     """Rejects with the right probability but draws the replacement from all of p."""
 
     def verify_draft(self, logits, params, generator, draft):
-        out = []
+        rows, out = float32_rows(logits), []
         for i, token in enumerate(draft):
-            probs = distribution(logits[i].float(), params)
-            probs = probs / probs.sum()
-            if float(torch.rand((), generator=generator, dtype=torch.float64)) < float(probs[token]):
+            probs = weights(rows[i], params)
+            probs /= probs.sum()
+            if generator.random() < probs[token]:
                 out.append(int(token))
                 continue
-            return out + [self._draw(logits[i].float(), params, generator)]
-        return out + [self._draw(logits[len(draft)].float(), params, generator)]
+            return out + [draw(probs, generator)]
+        return out + [draw(weights(rows[len(draft)], params), generator)]
 
 
 @pytest.fixture(scope="module")

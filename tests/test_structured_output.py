@@ -92,9 +92,9 @@ def test_tool_calls_are_hermes_calls_of_an_offered_tool(llm, tools):
     the start of another."""
     schemas = {name: json.loads(parameters) for name, parameters in tools}
     names, finished = set(), 0
-    for seed in range(4):
-        out = llm.generate([chat(llm, "What is the weather in Paris? Then search for museums.")],
-                           sampled(StructuredOutput("tool_calls", tools=tools), seed))[0]
+    prompt = chat(llm, "What is the weather in Paris? Then search for museums.")
+    structured = StructuredOutput("tool_calls", tools=tools)
+    for out in llm.generate([prompt] * 8, [sampled(structured, seed) for seed in range(8)]):
         calls = HERMES.findall(out.text)
         rest = HERMES.sub("", out.text).strip()
         assert calls and (rest == "" if out.finish_reason == "stop" else _opens_a_call(rest))

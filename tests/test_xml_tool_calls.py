@@ -261,9 +261,8 @@ def test_smollm2_sampling_under_the_xml_grammar_writes_calls_the_parser_reads(sm
     structured = structured_output(None, ToolChoice("required"), SAMPLED_TOOLS, None, tool_format="qwen3_xml")
     schemas = {"get_weather": SHORT_WEATHER, "search": SEARCH}
     finished = 0
-    for seed in range(3):
-        out = llm.generate([prompt], SamplingParams(temperature=0.8, seed=seed, max_tokens=128,
-                                                    structured=structured))[0]
+    for out in llm.generate([prompt] * 6, [SamplingParams(temperature=0.8, seed=seed, max_tokens=128,
+                                                          structured=structured) for seed in range(6)]):
         end = out.text.rfind("</tool_call>") + len("</tool_call>")
         parsed = Qwen3XmlToolParser(SAMPLED_TOOLS).extract(out.text[:end])
         assert parsed.calls and parsed.content == "", out.text

@@ -31,9 +31,10 @@ class Sampler(Protocol):
     """Turns logits into tokens; each request draws from its own generator, seeded once.
 
     ``adjustment`` (only passed when some row has one) holds the logits processors' changes as
-    numpy arrays; the sampler applies them to its own tensors first (penalties, biases, masks),
-    greedy rows included, then temperature, top-k, softmax, top-p, min-p and the draw.
-    Log-probabilities stay the model's own, before any of that.
+    numpy arrays; the sampler applies them first (penalties, biases, masks), greedy rows
+    included, then temperature, top-k, softmax, top-p, min-p and the draw. Log-probabilities stay
+    the model's own, before any of that. The built-in backends share one implementation of this
+    rule (``sampling.numpy_sampler.NumpySampler`` over ``sampling.rule``); a backend may bring its own.
     """
 
     def make_generator(self, seed: int) -> Any: ...

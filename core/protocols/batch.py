@@ -1,8 +1,13 @@
-"""What one model call is given (a StepBatch of ScheduledChunks) and what sampling returns."""
+"""What one model call is given (a StepBatch of ScheduledChunks) and what sampling returns
+(SampleResult, defined beside the sampling rule that makes it)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
+
+from ..sampling.rule import SampleResult
+
+__all__ = ["SampleResult", "ScheduledChunk", "StepBatch"]
 
 
 @dataclass(frozen=True)
@@ -25,9 +30,3 @@ class StepBatch:
     @property
     def num_tokens(self) -> int:
         return sum(len(c.token_ids) for c in self.chunks)
-
-
-@dataclass(frozen=True)
-class SampleResult:
-    token_ids: list[int]
-    logprobs: list[dict[int, float] | None] = field(default_factory=list)

@@ -1,2 +1,3 @@
-"""What a request asks of sampling (SamplingParams) and what logits processors hand a sampler
-(adjustments): plain data every layer and backend may import."""
+"""What a request asks of sampling (SamplingParams), what logits processors hand a sampler
+(adjustments), and the sampling rule itself on numpy arrays (rule, with NumpySampler over it):
+plain data and arithmetic every layer and backend may import."""

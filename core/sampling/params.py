@@ -3,7 +3,7 @@
 The same fields serve the HTTP API (qwen_serve.openai maps request JSON onto them) and the
 offline LLM API. The order in which they act on a row of logits is fixed: logit_bias
 and penalties, then the grammar mask of ``structured``, then temperature, top-k, softmax, top-p,
-min-p, and the draw from the request's own generator.
+min-p, and the draw from the request's own generator (sampling/rule.py, for every backend).
 """
 from __future__ import annotations
 

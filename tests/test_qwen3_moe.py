@@ -159,3 +159,15 @@ def test_int4_quantizes_the_experts_and_keeps_the_router_float(small_moe, backen
     assert len(moe.linears()) == (4 * 2 if backend == "torch" else 4 * 3)  # torch merges gate and up
     out = llm.generate([llm.tokenizer.encode("The quick brown fox")], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     assert len(out.token_ids) == 8
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_the_start_up_plan_says_what_a_token_reads(small_moe, backend):
+    from qwen_serve.server.memory_plan import format_memory_plan
+
+    llm = LLM(str(small_moe), backend=backend)
+    executor = llm.parts.executor
+    experts = sum(linear.nbytes() for layer in executor.layers for linear in layer.mlp.linears())
+    assert executor.active_weight_bytes() == executor.weight_bytes() - experts * (4 - 2) // 4  # 2 of 4 experts skipped
+    line = next(x for x in format_memory_plan(llm.parts, "float32", "none").splitlines() if x.startswith("weights"))
+    assert f"{executor.active_weight_bytes() / 2**20:,.1f} MiB read per decoded token" in line

@@ -131,7 +131,7 @@ class SparseMoELayer:
             yield from expert.projections()
 
     def norms(self) -> list[torch.Tensor]:
-        return []
+        return [self.router]  # the float tensors beside the linears, as weight_bytes counts them
 
     def __call__(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
         weights, chosen = route(self.router, x, self.kind.top_k, self.kind.normalize_top_k)

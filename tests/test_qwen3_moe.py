@@ -171,3 +171,28 @@ def test_the_start_up_plan_says_what_a_token_reads(small_moe, backend):
     assert executor.active_weight_bytes() == executor.weight_bytes() - experts * (4 - 2) // 4  # 2 of 4 experts skipped
     line = next(x for x in format_memory_plan(llm.parts, "float32", "none").splitlines() if x.startswith("weights"))
     assert f"{executor.active_weight_bytes() / 2**20:,.1f} MiB read per decoded token" in line
+
+
+def test_int4_skips_calibration_when_the_float_model_would_not_fit(small_moe, monkeypatch):
+    """Calibration loads the float model first: for Qwen3-30B-A3B that is 122 GB of float32."""
+    from qwen_serve.engine import builder
+    from qwen_serve.server.memory_plan import format_memory_plan
+
+    config = LLM(str(small_moe)).config
+    needed = config.parameters() * 4
+    monkeypatch.setattr(builder, "available_bytes", lambda: needed)  # 80% of it is not enough
+    loaded = []
+    monkeypatch.setattr(builder, "measure_importance", lambda *args, **kwargs: loaded.append(args))
+    llm = LLM(str(small_moe), quant="int4")
+    assert loaded == [] and llm.parts.calibration.startswith("skipped: the float32 model")
+    assert "int4 calibration skipped" in format_memory_plan(llm.parts, "float32", "int4")
+    monkeypatch.setattr(builder, "available_bytes", lambda: 2 * needed)
+    assert LLM(str(small_moe), quant="int4").parts.calibration == "skipped: no calibration text fits, or the " \
+        "backend cannot watch its projections"  # measure_importance ran (and, stubbed, returned None)
+    assert len(loaded) == 1
+
+
+def test_the_parameter_count_is_the_checkpoints(small_moe):
+    tensors = load_file(small_moe / "model.safetensors")
+    counted = sum(t.numel() for name, t in tensors.items() if "norm" not in name)
+    assert LLM(str(small_moe)).config.parameters() == counted

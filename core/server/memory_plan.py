@@ -34,7 +34,8 @@ def format_memory_plan(parts: Any, dtype: str, quant: str, sampling_defaults: Sa
         f"{m.num_heads} q heads / {m.num_kv_heads} kv heads x head_dim {m.head_dim}, vocab {m.vocab_size}",
         f"backend    {parts.backend.name}, KV cache {type(parts.cache).__name__} on {type(parts.storage).__name__}, "
         f"dtype {dtype}, quant {quant}, KV {e.kv_dtype} ({parts.kv_dtype_reason})",
-        f"weights    {mib(parts.executor.weight_bytes())}{read_per_token(parts.executor)}",
+        f"weights    {mib(parts.executor.weight_bytes())}{read_per_token(parts.executor)}"
+        + (f"; {quant} calibration {parts.calibration}" if parts.calibration else ""),
         f"KV cache   {per_token:,} B/token ({per_token / 1024:.1f} KiB), {mib(per_block)}/block of "
         f"{e.block_size} tokens, pool {e.kv_blocks} blocks = {mib(per_block * e.kv_blocks)} "
         f"(grown {e.slab_blocks} blocks at a time)",

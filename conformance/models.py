@@ -89,3 +89,25 @@ def make_random_checkpoint(directory: Path, model_type: str, geometry: Qwen3Geom
         "model_max_length": geometry.max_position_embeddings,
     }, indent=1))
     return directory
+
+
+@dataclass(frozen=True)
+class MoeRouting:
+    """How a random Qwen3-MoE checkpoint routes: its experts, how many each token runs, whether the
+    chosen weights are renormalized, and which layers keep a dense MLP."""
+
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 64
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+
+
+def make_qwen3_moe_checkpoint(directory: Path, routing: MoeRouting = MoeRouting(), geometry: Qwen3Geometry = Qwen3Geometry(),
+                              seed: int = 0, dtype: str = "float32", **config_fields) -> Path:
+    """Write a random Qwen3MoeForCausalLM checkpoint directory (make_random_checkpoint); transformers
+    saves each expert's gate, up and down under its own name, as the hub checkpoints are."""
+    fields = {**asdict(routing), "mlp_only_layers": list(routing.mlp_only_layers), **config_fields}
+    return make_random_checkpoint(directory, "qwen3_moe", geometry, seed, dtype, **fields)
+

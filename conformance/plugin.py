@@ -104,6 +104,24 @@ def random_qwen3_windowed(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def random_qwen3_moe(tmp_path_factory) -> str:
+    """A random Qwen3-MoE (conformance.models.MoeRouting's defaults: 2 of 8 experts per token)."""
+    from .models import make_qwen3_moe_checkpoint
+
+    return str(make_qwen3_moe_checkpoint(tmp_path_factory.mktemp("conformance-qwen3-moe"), seed=11))
+
+
+@pytest.fixture(scope="session")
+def random_qwen3_moe_windowed(tmp_path_factory) -> str:
+    """random_qwen3_moe's weights, every layer attending over the suite's window."""
+    from .models import make_qwen3_moe_checkpoint
+    from .requirements import CONFORMANCE_WINDOW
+
+    return str(make_qwen3_moe_checkpoint(tmp_path_factory.mktemp("conformance-qwen3-moe-window"), seed=11,
+                                         use_sliding_window=True, sliding_window=CONFORMANCE_WINDOW))
+
+
+@pytest.fixture(scope="session")
 def speculation_qwen3(tmp_path_factory) -> str:
     """A 4-token random Qwen3 whose next-token distributions check 7 computes exactly."""
     from .speculation import write_model

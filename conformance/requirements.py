@@ -60,8 +60,8 @@ def window_of(cache: Any) -> int | None:
 
 
 def no_windowed_reference(cache: Any, model: str) -> str | None:
-    """transformers has sliding-window attention for Qwen3 but not for Llama (SmolLM2), so a
-    windowed cache takes check 2 against a windowed Qwen3 only."""
+    """transformers has sliding-window attention for Qwen3 and Qwen3-MoE but not for Llama
+    (SmolLM2), so a windowed cache takes check 2 against the windowed random checkpoints only."""
     if isinstance(cache, SlidingWindow) and model == "smollm2":
         return (f"{type(cache).__name__} attends over the last {cache.window} positions only (SlidingWindow); "
                 f"transformers' Llama has no sliding-window attention to compare SmolLM2 with")
@@ -99,3 +99,13 @@ def cannot_speculate(cache: Any, sampler: Any) -> str | None:
         return (f"{type(sampler).__name__} cannot verify sampled drafts (no DraftVerifying): sampled requests "
                 f"run without speculation")
     return None
+
+
+def routes_discretely(model: str) -> str | None:
+    """A lossy cache is held to the exact one's logits; on a mixture of experts its rounding can
+    move a token to another expert, a jump no bound on small differences allows."""
+    if "moe" in model:
+        return ("a mixture of experts picks each token's experts by top-k, so the cache's rounding moves some "
+                "tokens to other experts and their logits jump")
+    return None
+

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.conformance_check(1)
 PARAMS = dict(temperature=0.9, top_p=0.95, top_k=50, max_tokens=24)
 
 
-def test_same_seed_same_text_different_seed_differs(implementation, engines, smollm2, figure):
-    llm = engines.get(implementation, smollm2)
+@pytest.mark.parametrize("model_fixture", ["smollm2", "random_qwen3_moe"])
+def test_same_seed_same_text_different_seed_differs(implementation, engines, request, model_fixture, figure):
+    llm = engines.get(implementation, request.getfixturevalue(model_fixture))
     prompt = llm.tokenizer.encode_chat([{"role": "user", "content": "Tell me a story about a brave mouse."}])
     runs = [llm.generate([prompt], SamplingParams(seed=seed, **PARAMS))[0].text for seed in (1, 1, 2, 3)]
     assert runs[0] == runs[1]
@@ -24,7 +25,7 @@ def test_same_seed_same_text_different_seed_differs(implementation, engines, smo
     others = [llm.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in CHAT_PROMPTS[:7]]
     batch = llm.generate([prompt] + others, SamplingParams(seed=1, **PARAMS))
     assert batch[0].text == runs[0]
-    figure("seeded text identical alone and in a batch of 8")
+    figure(f"{model_fixture}: seeded text identical alone and in a batch of 8")
 
 
 def test_seeded_requests_through_http_under_concurrency(implementation, engines, smollm2, figure):

@@ -32,3 +32,17 @@ def return_free_heap() -> bool:
         return False
     libc.malloc_trim(0)
     return True
+
+
+def available_bytes() -> int | None:
+    """The memory a new allocation can still get without swapping (Linux's MemAvailable: free
+    pages plus reclaimable page cache); None where /proc/meminfo is not there."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+

@@ -18,6 +18,7 @@ from qwen_serve.models.layers import DecoderLayer, DenseMLP
 
 CHECKPOINTS = {  # config.json architectures -> (model_type, extra config fields)
     "Qwen3ForCausalLM": ("qwen3", {}),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}),
     "Qwen2ForCausalLM": ("qwen2", {}),
     "LlamaForCausalLM": ("llama", {"attention_bias": True, "mlp_bias": True}),
 }
@@ -48,7 +49,7 @@ def test_greedy_equals_transformers(random_checkpoint, backend):
 def test_the_description_follows_config_json(random_checkpoint):
     llm_config = LLM(str(random_checkpoint)).config
     first = llm_config.layers[0]
-    expected = {"Qwen3ForCausalLM": (True, ()), "Qwen2ForCausalLM": (False, ("q_proj", "k_proj", "v_proj")),
+    expected = {"Qwen3ForCausalLM": (True, ()), "Qwen3MoeForCausalLM": (True, ()), "Qwen2ForCausalLM": (False, ("q_proj", "k_proj", "v_proj")),
                 "LlamaForCausalLM": (False, ("q_proj", "k_proj", "v_proj", "o_proj"))}[llm_config.architecture]
     assert (first.mixer.qk_norm, first.mixer.biased) == expected
     assert len(llm_config.layers) == llm_config.num_layers

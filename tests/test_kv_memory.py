@@ -74,16 +74,18 @@ def test_spec_figures_for_qwen3_0_6b(capsys):
 
 def test_family_geometries_and_weights(capsys):
     models = kv_table(capsys)
-    assert list(models) == ["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B", "Qwen3-14B", "Qwen3-32B"]
+    assert list(models) == ["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B", "Qwen3-14B", "Qwen3-32B", "Qwen3-30B-A3B"]
     assert {name: (m["layers"], m["heads"], m["kv_heads"], m["head_dim"]) for name, m in models.items()} == {
         "Qwen3-0.6B": (28, 16, 8, 128), "Qwen3-1.7B": (28, 16, 8, 128), "Qwen3-4B": (36, 32, 8, 128),
-        "Qwen3-8B": (36, 32, 8, 128), "Qwen3-14B": (40, 40, 8, 128), "Qwen3-32B": (64, 64, 8, 128)}
+        "Qwen3-8B": (36, 32, 8, 128), "Qwen3-14B": (40, 40, 8, 128), "Qwen3-32B": (64, 64, 8, 128),
+        "Qwen3-30B-A3B": (48, 32, 4, 128)}
     assert models["Qwen3-4B"]["bytes_per_token"] == models["Qwen3-8B"]["bytes_per_token"]  # same layers, KV heads and head_dim
     # Qwen3-0.6B's parameters by hand: tied embedding, 28 layers, q/k norms
     h, v, layers = 1024, 151936, 28
     per_layer = h * 2048 + 2 * h * 1024 + 2048 * h + 3 * h * 3072 + 2 * h + 2 * 128
     params = v * h + layers * per_layer + h
     assert models["Qwen3-0.6B"]["parameters"] == params and params // 10**6 == 596  # Qwen3-0.6B: 596M parameters
+    assert models["Qwen3-0.6B"]["active_parameters"] == params  # dense: a token reads every weight
     assert round(models["Qwen3-8B"]["parameters"] / 1e9, 1) == 8.2  # the model card's 8.2B
 
 
@@ -139,3 +141,35 @@ def test_is_a_subcommand_of_the_cli():
     proc = subprocess.run([sys.executable, "-m", "qwen_serve", "kv-table", "8B", "--context", "4k"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "| Qwen3-8B | 4,096 | 1.12 GiB | 576 MiB |" in proc.stdout, proc.stderr
+
+
+def test_a_mixture_of_experts_reads_only_its_routed_experts(capsys):
+    """Qwen3-30B-A3B as published: 30.5B parameters, 3.3B activated per token."""
+    attention, router, norms = 2 * 2048 * 32 * 128 + 2 * 2048 * 4 * 128, 128 * 2048, 2 * 2048 + 2 * 128
+    expert = 3 * 2048 * 768
+    tables = 2 * 151936 * 2048  # untied
+    total = 48 * (attention + 128 * expert + router + norms) + 2048 + tables
+    active = 48 * (attention + 8 * expert + router + norms) + 2048 + tables
+    m = kv_table(capsys, "Qwen3-30B-A3B", "--context", "4096", "--weights", "bfloat16")["Qwen3-30B-A3B"]
+    assert (m["parameters"], m["active_parameters"]) == (total, active)
+    assert round(total / 1e9, 1) == 30.5 and round(active / 1e9, 1) == 3.4  # Qwen's "3.3B activated" leaves out the tables' lookup side
+    assert (m["weight_bytes"], m["active_weight_bytes"]) == (2 * total, 2 * active)
+    assert m["bytes_per_token"]["bfloat16"] == 2 * 48 * 4 * 128 * 2 == 96 * KiB
+    assert main(["Qwen3-30B-A3B", "--context", "4096"]) == 0
+    assert "| Qwen3-30B-A3B | 30.53B | 3.35B |" in capsys.readouterr().out
+
+
+def test_a_moe_config_json_counts_its_dense_and_sparse_layers(tmp_path, capsys):
+    """4 layers, every second one sparse but layer 3 kept dense: only layer 1 has experts."""
+    config = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=1000, hidden_size=64,
+                  intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                  num_experts=16, num_experts_per_tok=4, moe_intermediate_size=32, decoder_sparse_step=2,
+                  mlp_only_layers=[3], tie_word_embeddings=True)
+    path = tmp_path / "my-moe"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    m = kv_table(capsys, str(path), "--context", "512", "--weights", "float32")["my-moe"]
+    attention, dense, expert = 64 * 64 * 2 + 2 * 64 * 32, 3 * 64 * 256, 3 * 64 * 32
+    fixed = 4 * attention + 3 * dense + 16 * 64 + 4 * (2 * 64 + 2 * 16) + 64 + 1000 * 64
+    assert (m["parameters"], m["active_parameters"]) == (fixed + 16 * expert, fixed + 4 * expert)
+    assert m["active_weight_bytes"] == 4 * (fixed + 4 * expert)

@@ -6,7 +6,7 @@ mx.quantized_matmul. Norms always stay float32.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -44,11 +44,11 @@ class MLXBackend:
                    importance: Mapping[str, np.ndarray] | None = None) -> DecoderModel:
         require_choice("quantization", quant, self.quantizations, where=f" for the {self.name} backend")
         target = storage_dtype(dtype)
-        weights = {name: array.astype(target) if array.ndim > 1 else array
-                   for name, array in checkpoint_arrays(checkpoint)}
-        mx.eval(weights)  # materialize now, not lazily inside the first request
-        if quant == "int4":
-            weights = {name: _quantize(name, w, (importance or {}).get(name)) for name, w in weights.items()}
+        weights = {}
+        for name, array in checkpoint_arrays(checkpoint):  # one at a time: the float model never exists whole
+            weight = array.astype(target) if array.ndim > 1 else array
+            mx.eval(weight)  # materialize now, not lazily inside the first request
+            weights[name] = _quantize(name, weight, (importance or {}).get(name)) if quant == "int4" else weight
         return DecoderModel(checkpoint.config, weights, _as_linear)
 
     def create_kv_storage(
@@ -61,17 +61,23 @@ class MLXBackend:
         return MLXSampler()
 
 
-def checkpoint_arrays(checkpoint: Checkpoint) -> list[tuple[str, mx.array]]:
-    """(name, mx.array) pairs. safetensors' "mlx" framework goes through numpy, which has no
-    bfloat16 (the dtype real Qwen3 checkpoints ship in); such files go through torch instead."""
+def checkpoint_arrays(checkpoint: Checkpoint) -> Iterator[tuple[str, mx.array]]:
+    """(name, mx.array) pairs, one at a time. safetensors' "mlx" framework goes through numpy,
+    which has no bfloat16 (the dtype real Qwen3 checkpoints ship in); such files go through torch."""
+    done = set()
     try:
-        return [(name, _to_mlx(a)) for name, a in checkpoint.tensors("mlx")]
+        for name, array in checkpoint.tensors("mlx"):
+            yield name, _to_mlx(array)
+            done.add(name)
+        return
     except TypeError as exc:
         if "bfloat16" not in str(exc):
             raise
     import torch  # a dependency of qwen-serve itself; used only to read bfloat16 safetensors
 
-    return [(name, mx.array(t.to(torch.float32).numpy())) for name, t in checkpoint.tensors("pt")]
+    for name, tensor in checkpoint.tensors("pt"):
+        if name not in done:
+            yield name, mx.array(tensor.to(torch.float32).numpy())
 
 
 def _to_mlx(array: Any) -> mx.array:

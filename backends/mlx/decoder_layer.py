@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
+import numpy as np
+
 from qwen_serve.models.built_layer import BuiltLayer
 from qwen_serve.models.config import ModelConfig
-from qwen_serve.models.layers import Attention, DecoderLayer, DenseMLP
+from qwen_serve.models.expert_groups import group_by_expert
+from qwen_serve.models.layers import Attention, DecoderLayer, DenseMLP, SparseMoE
 from qwen_serve.models.weights import TensorsByName
 from qwen_serve.protocols import KVCache
 
@@ -27,9 +30,9 @@ class LayerWeights:
     def norm(self, name: str) -> mx.array:
         return self.tensors.take(f"{self.prefix}.{name}").astype(mx.float32)
 
-    def linear(self, kind, projection: str) -> Linear:
-        name = f"{self.prefix}.{kind.prefix}.{projection}"
-        bias = self.tensors.take(f"{name}.bias") if projection in kind.biased else None
+    def linear(self, kind_prefix: str, projection: str, biased: bool) -> Linear:
+        name = f"{self.prefix}.{kind_prefix}.{projection}"
+        bias = self.tensors.take(f"{name}.bias") if biased else None
         return self.make_linear(self.tensors.take(f"{name}.weight"), bias)
 
 
@@ -55,7 +58,7 @@ class AttentionLayer(Projections):
     def __init__(self, kind: Attention, weights: LayerWeights) -> None:
         self.kind, self.prefix = kind, f"{weights.prefix}.{kind.prefix}"
         for p in kind.projections:
-            setattr(self, p, weights.linear(kind, p))
+            setattr(self, p, weights.linear(kind.prefix, p, p in kind.biased))
         self.q_norm = weights.norm(f"{kind.prefix}.q_norm.weight") if kind.qk_norm else None
         self.k_norm = weights.norm(f"{kind.prefix}.k_norm.weight") if kind.qk_norm else None
 
@@ -77,12 +80,14 @@ class AttentionLayer(Projections):
 
 
 class DenseMLPLayer(Projections):
-    """models.layers.DenseMLP: down(silu(gate(x)) * up(x))."""
+    """models.layers.DenseMLP: down(silu(gate(x)) * up(x)); also one expert of a SparseMoE, its
+    weights under `kind_prefix` (e.g. "mlp.experts.5")."""
 
-    def __init__(self, kind: DenseMLP, weights: LayerWeights) -> None:
-        self.kind, self.prefix = kind, f"{weights.prefix}.{kind.prefix}"
+    def __init__(self, kind: DenseMLP, weights: LayerWeights, kind_prefix: str | None = None) -> None:
+        kind_prefix = kind_prefix or kind.prefix
+        self.kind, self.prefix = kind, f"{weights.prefix}.{kind_prefix}"
         for p in kind.projections:
-            setattr(self, p, weights.linear(kind, p))
+            setattr(self, p, weights.linear(kind_prefix, p, p in kind.biased))
 
     def norms(self) -> list[mx.array]:
         return []
@@ -92,7 +97,50 @@ class DenseMLPLayer(Projections):
         return self.down_proj(gate * mx.sigmoid(gate) * self.up_proj(x))
 
 
-IMPLEMENTED = {Attention: AttentionLayer, DenseMLP: DenseMLPLayer}
+class SparseMoELayer:
+    """models.layers.SparseMoE: route every token in float32, then run each expert that some
+    token picked once, on all of its tokens' rows together."""
+
+    def __init__(self, kind: SparseMoE, weights: LayerWeights) -> None:
+        router = f"{weights.prefix}.{kind.prefix}.{kind.router}.weight"
+        hidden = weights.tensors.shape(router)[-1]
+        weights.tensors.check_shapes({f"{weights.prefix}.{name}": shape for name, shape in kind.shapes(hidden).items()})
+        self.kind = kind
+        self.router = weights.tensors.take(router).astype(mx.float32)
+        self.experts = [DenseMLPLayer(DenseMLP(), weights, f"{kind.prefix}.{kind.expert(e)}")
+                        for e in range(kind.num_experts)]
+
+    def linears(self) -> list[Linear]:
+        return [linear for expert in self.experts for linear in expert.linears()]
+
+    def projections(self) -> Iterator[tuple[str, object, str]]:
+        for expert in self.experts:
+            yield from expert.projections()
+
+    def norms(self) -> list[mx.array]:
+        return [self.router]  # the float tensors beside the linears, as weight_bytes counts them
+
+    def __call__(self, x: mx.array) -> mx.array:
+        probs = mx.softmax(x.astype(mx.float32) @ self.router.T, axis=-1)
+        chosen = mx.argsort(-probs, axis=-1)[:, :self.kind.top_k]  # most probable first, as torch.topk
+        weights = mx.take_along_axis(probs, chosen, axis=-1)
+        if self.kind.normalize_top_k:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        return run_experts_grouped(self.experts, x, weights, np.array(chosen))
+
+
+def run_experts_grouped(experts: list, x: mx.array, weights: mx.array, chosen: np.ndarray) -> mx.array:
+    """sum over j of weights[t, j] * experts[chosen[t, j]](x[t]) for every row t, each active
+    expert called once on its rows (models.expert_groups)."""
+    scale = weights.reshape(-1, 1).astype(x.dtype)
+    out = mx.zeros_like(x)
+    for group in group_by_expert(chosen):
+        rows = mx.array(group.rows)
+        out = out.at[rows].add(experts[group.expert](x[rows]) * scale[mx.array(group.slots)])
+    return out
+
+
+IMPLEMENTED = {Attention: AttentionLayer, DenseMLP: DenseMLPLayer, SparseMoE: SparseMoELayer}
 
 
 def build_layer(description: DecoderLayer, weights: LayerWeights) -> BuiltLayer:

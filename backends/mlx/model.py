@@ -7,6 +7,7 @@ from typing import Callable
 import numpy as np
 
 from qwen_serve.errors import ModelLoadError
+from qwen_serve.models.built_layer import skipped_expert_bytes
 from qwen_serve.models.config import ModelConfig
 from qwen_serve.models.weights import EMBEDDING, FINAL_NORM, LM_HEAD, TensorsByName, layer_prefix
 from qwen_serve.protocols import KVCache, SlidingWindow, StepBatch
@@ -53,6 +54,10 @@ class DecoderModel:
 
     def weight_bytes(self) -> int:
         return sum(x.nbytes() for x in self._linears()) + sum(t.nbytes for t in self._norms())
+
+    def active_weight_bytes(self) -> int:
+        """ReadsRoutedExperts: what one decoded token reads."""
+        return self.weight_bytes() - skipped_expert_bytes(self.layers)
 
     def _linears(self) -> list[Linear]:
         every = [self.embedding, self.lm_head] + [linear for layer in self.layers for linear in layer.linears()]

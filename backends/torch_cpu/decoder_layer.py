@@ -12,7 +12,8 @@ import torch
 
 from qwen_serve.models.built_layer import BuiltLayer
 from qwen_serve.models.config import ModelConfig
-from qwen_serve.models.layers import Attention, DecoderLayer, DenseMLP
+from qwen_serve.models.expert_groups import group_by_expert
+from qwen_serve.models.layers import Attention, DecoderLayer, DenseMLP, SparseMoE
 from qwen_serve.models.weights import TensorsByName
 from qwen_serve.protocols import KVCache
 
@@ -78,13 +79,14 @@ class AttentionLayer:
         return self.o_proj(out.reshape(T, c.num_heads * c.head_dim))
 
 
-class DenseMLPLayer:
-    """models.layers.DenseMLP: gate and up in one matmul, SiLU(gate) * up, then down."""
+class SwiGLU:
+    """down(silu(gate(x)) * up(x)) with gate and up in one matmul: a dense MLP or one expert,
+    its weights under `kind_prefix` (e.g. "mlp" or "mlp.experts.5")."""
 
-    def __init__(self, kind: DenseMLP, weights: LayerWeights) -> None:
-        self.gate_up = weights.merged(kind, GATE_UP)
-        self.down_proj = weights.linear(kind.prefix, "down_proj", "down_proj" in kind.biased)
-        self.prefix = f"{weights.prefix}.{kind.prefix}"
+    def __init__(self, weights: LayerWeights, kind_prefix: str, biased: tuple[str, ...] = ()) -> None:
+        self.gate_up = MergedLinear(GATE_UP, [weights.linear(kind_prefix, p, p in biased) for p in GATE_UP])
+        self.down_proj = weights.linear(kind_prefix, "down_proj", "down_proj" in biased)
+        self.prefix = f"{weights.prefix}.{kind_prefix}"
 
     def linears(self) -> list:
         return [self.gate_up.linear, self.down_proj]
@@ -101,7 +103,62 @@ class DenseMLPLayer:
         return self.down_proj(ops.silu_mul(*self.gate_up(x)))
 
 
-IMPLEMENTED = {Attention: AttentionLayer, DenseMLP: DenseMLPLayer}
+class DenseMLPLayer(SwiGLU):
+    """models.layers.DenseMLP."""
+
+    def __init__(self, kind: DenseMLP, weights: LayerWeights) -> None:
+        super().__init__(weights, kind.prefix, kind.biased)
+
+
+class SparseMoELayer:
+    """models.layers.SparseMoE: route every token in float32, then run each expert that some
+    token picked once, on all of its tokens' rows together, so an expert's weights stream from
+    memory once per step however many tokens chose it."""
+
+    def __init__(self, kind: SparseMoE, weights: LayerWeights) -> None:
+        router = f"{weights.prefix}.{kind.prefix}.{kind.router}.weight"
+        hidden = weights.tensors.shape(router)[-1]
+        weights.tensors.check_shapes({f"{weights.prefix}.{name}": shape for name, shape in kind.shapes(hidden).items()})
+        self.kind = kind
+        self.router = weights.tensors.take(router).float()
+        self.experts = [SwiGLU(weights, f"{kind.prefix}.{kind.expert(e)}") for e in range(kind.num_experts)]
+
+    def linears(self) -> list:
+        return [linear for expert in self.experts for linear in expert.linears()]
+
+    def projections(self) -> Iterator[tuple[str, object, str]]:
+        for expert in self.experts:
+            yield from expert.projections()
+
+    def norms(self) -> list[torch.Tensor]:
+        return [self.router]  # the float tensors beside the linears, as weight_bytes counts them
+
+    def __call__(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
+        weights, chosen = route(self.router, x, self.kind.top_k, self.kind.normalize_top_k)
+        return run_experts_grouped(self.experts, x, weights, chosen, ops)
+
+
+def route(router: torch.Tensor, x: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights, experts) [T, top_k]: the top_k experts by softmax probability, most probable
+    first, their probabilities renormalized to sum to 1 when `normalize`. float32 throughout."""
+    probs = torch.softmax(torch.nn.functional.linear(x.float(), router), dim=-1)
+    weights, chosen = torch.topk(probs, top_k, dim=-1)
+    return (weights / weights.sum(dim=-1, keepdim=True) if normalize else weights), chosen
+
+
+def run_experts_grouped(experts: list, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor,
+                        ops: LayerOps | None) -> torch.Tensor:
+    """sum over j of weights[t, j] * experts[chosen[t, j]](x[t]) for every row t, each active
+    expert called once on its rows (models.expert_groups)."""
+    scale = weights.reshape(-1, 1).to(x.dtype)
+    out = torch.zeros_like(x)
+    for group in group_by_expert(chosen.numpy()):
+        rows = torch.from_numpy(group.rows)
+        out.index_add_(0, rows, experts[group.expert](x.index_select(0, rows), ops) * scale[group.slots])
+    return out
+
+
+IMPLEMENTED = {Attention: AttentionLayer, DenseMLP: DenseMLPLayer, SparseMoE: SparseMoELayer}
 
 
 def build_layer(description: DecoderLayer, weights: LayerWeights) -> BuiltLayer:

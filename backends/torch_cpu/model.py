@@ -8,6 +8,7 @@ import torch
 
 from qwen_serve.errors import ModelLoadError
 from qwen_serve.heap import return_free_heap
+from qwen_serve.models.built_layer import skipped_expert_bytes
 from qwen_serve.models.config import ModelConfig
 from qwen_serve.models.weights import EMBEDDING, FINAL_NORM, LM_HEAD, TensorsByName, layer_prefix
 from qwen_serve.protocols import KVCache, StepBatch
@@ -82,6 +83,10 @@ class DecoderModel:
         total = sum(lin.nbytes() for lin in self.linears())
         norms = [self.norm] + [t for layer in self.layers for t in layer.norms()]
         return total + sum(t.numel() * t.element_size() for t in norms)
+
+    def active_weight_bytes(self) -> int:
+        """ReadsRoutedExperts: what one decoded token reads."""
+        return self.weight_bytes() - skipped_expert_bytes(self.layers)
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:

@@ -11,6 +11,7 @@ from ..checkpoints.checkpoint import Checkpoint, load_checkpoint
 from ..checkpoints.default_model import default_model_path
 from ..checkpoints.tokenizer import Tokenizer
 from ..config import EngineConfig
+from ..heap import available_bytes
 from ..kv.window import check_attention_window, with_declared_window
 from ..models.config import ModelConfig
 from ..protocols import Backend, Calibratable, ChoosesKVDtype, KVCache, KVStorage, ModelExecutor
@@ -39,6 +40,7 @@ class EngineParts:
     registry: Registry
     storage: KVStorage  # what the cache keeps its keys/values in; the memory plan reads its sizes
     kv_dtype_reason: str = "the weights' dtype"  # why engine_config.kv_dtype, for the start-up plan
+    calibration: str = ""  # how int4 weighed its columns, for the start-up plan ("" without quantization)
 
 
 def build_engine(
@@ -73,9 +75,13 @@ def build_engine(
     storage = new_storage(config)  # storage grows on first use: building it now costs nothing
     cache = cache_factory(storage, config)
     check_attention_window(checkpoint.config, config, cache)
-    importance = None
-    if quant != "none" and calibrate:
+    importance, calibration = None, ""
+    if quant != "none":
+        calibration = "off (calibrate=False)" if not calibrate else float_model_too_big(checkpoint.config, dtype)
+    if quant != "none" and not calibration:
         importance = measure_importance(compute, checkpoint, dtype, cache_factory, config, new_storage)
+        calibration = "skipped: no calibration text fits, or the backend cannot watch its projections" \
+            if importance is None else "by the activations of the calibration text"
         gc.collect()  # the float model may sit in reference cycles: free it before loading again
     if importance is None:
         executor = compute.load_model(checkpoint, dtype=dtype, quant=quant)
@@ -85,7 +91,19 @@ def build_engine(
     proposer = proposer_factory(config) if proposer_factory is not None else None
     engine = Engine(executor, cache, compute.create_sampler(), checkpoint.tokenizer, config, processors, proposer)
     return EngineParts(engine, compute, executor, cache, checkpoint.tokenizer, checkpoint,
-                       checkpoint.config, config, registry, storage, kv_dtype_reason)
+                       checkpoint.config, config, registry, storage, kv_dtype_reason, calibration)
+
+
+def float_model_too_big(model_config: ModelConfig, dtype: str, headroom: float = 0.8) -> str:
+    """Why calibration cannot run (it loads the float model), or "" when it can: the float
+    weights must fit in `headroom` of the memory available now. Without calibration int4 weighs
+    every column alike, the way llama.cpp quantizes without an imatrix."""
+    available = available_bytes()
+    needed = model_config.parameters() * (2 if dtype == "bfloat16" else 4)
+    if available is None or needed <= headroom * available:
+        return ""
+    return (f"skipped: the {dtype} model ({needed / 2**30:,.1f} GiB) does not fit in the "
+            f"{available / 2**30:,.1f} GiB available; every column weighs the same")
 
 
 def choose_kv_dtype(compute: Backend, dtype: str, kv_dtype: str | None) -> tuple[str, str]:

@@ -7,7 +7,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..models import ARCHITECTURES
 from ..models.architecture import sliding_window_layers
+from ..models.layers import SparseMoE
 from .memory import KVFormat, kv_bytes_at
 
 
@@ -25,6 +27,10 @@ class KVGeometry:
     qk_norm: bool = True
     window: int | None = None  # positions a windowed layer keeps
     windowed_layers: int = 0  # layers that keep only the last `window` positions
+    sparse_layers: int = 0  # layers with a mixture of experts in place of the dense MLP
+    experts: int = 0  # per sparse layer
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
 
     @property
     def full_layers(self) -> int:
@@ -49,29 +55,34 @@ class KVGeometry:
         """The embedding and, unless tied to it, the output head."""
         return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
 
-    def projection_parameters(self) -> int:
+    def projection_parameters(self, active: bool = False) -> int:
+        """Every projection's parameters; active: only those one token reads (its experts)."""
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attention = h * q + 2 * h * kv + q * h
-        mlp = 3 * h * self.intermediate_size
-        return self.num_layers * (attention + mlp)
+        dense = 3 * h * self.intermediate_size
+        experts = (self.experts_per_token if active else self.experts) * 3 * h * self.expert_intermediate_size
+        return self.num_layers * attention + (self.num_layers - self.sparse_layers) * dense + self.sparse_layers * experts
 
     def norm_parameters(self) -> int:
+        """The norms and the routers: the parameters kept in float32 whatever the weights."""
         per_layer = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
-        return self.num_layers * per_layer + self.hidden_size
+        routers = self.sparse_layers * self.experts * self.hidden_size
+        return self.num_layers * per_layer + self.hidden_size + routers
 
-    def parameters(self) -> int:
-        return self.table_parameters() + self.projection_parameters() + self.norm_parameters()
+    def parameters(self, active: bool = False) -> int:
+        return self.table_parameters() + self.projection_parameters(active) + self.norm_parameters()
 
-    def weight_bytes(self, weights: str) -> int:
+    def weight_bytes(self, weights: str, active: bool = False) -> int:
         """float32 / bfloat16: every parameter in that type. int4: this project's int4 layout
         (projections as 4-bit codes with a float16 scale and zero per 64 inputs, embedding /
-        head as int8 rows with a float32 scale per row, norms float32)."""
+        head as int8 rows with a float32 scale per row, norms and routers float32). active: the
+        bytes one decoded token reads, the experts its router skips left out."""
         if weights in WEIGHT_BYTES:
-            return self.parameters() * WEIGHT_BYTES[weights]
+            return self.parameters(active) * WEIGHT_BYTES[weights]
         if weights == "int4":
-            projections = self.projection_parameters() // 2 + self.projection_parameters() // 64 * 2 * 2
+            projections = self.projection_parameters(active)
             tables = self.table_parameters() + (self.table_parameters() // self.hidden_size) * 4
-            return projections + tables + self.norm_parameters() * 4
+            return projections // 2 + projections // 64 * 2 * 2 + tables + self.norm_parameters() * 4
         raise ValueError(f"weights must be one of {', '.join([*WEIGHT_BYTES, 'int4'])}, got {weights!r}")
 
     @classmethod
@@ -81,15 +92,21 @@ class KVGeometry:
         if "text_config" in cfg:  # multimodal wrappers keep the decoder's keys one level down
             cfg = {**cfg, **cfg["text_config"]}
         heads = cfg["num_attention_heads"]
-        window, sliding = sliding_window_layers(cfg)
+        architecture = ARCHITECTURES.get((cfg.get("architectures") or [""])[0])
+        window, sliding = (architecture.window_layers if architecture else sliding_window_layers)(cfg)
+        sparse = [kind for kind in (architecture.decoder_layer(cfg, i).mlp for i in range(cfg["num_hidden_layers"]))
+                  if isinstance(kind, SparseMoE)] if architecture else []
         return cls(
             name=name, num_layers=cfg["num_hidden_layers"], num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+            hidden_size=cfg["hidden_size"], intermediate_size=cfg.get("intermediate_size", 0),
             vocab_size=cfg["vocab_size"], tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qk_norm=cfg.get("model_type", "").startswith("qwen3"),
             window=window if any(sliding) else None, windowed_layers=sum(sliding),
+            sparse_layers=len(sparse), experts=sparse[0].num_experts if sparse else 0,
+            experts_per_token=sparse[0].top_k if sparse else 0,
+            expert_intermediate_size=sparse[0].intermediate_size if sparse else 0,
         )
 
     @classmethod
@@ -121,4 +138,9 @@ QWEN3_FAMILY = tuple(
         ("14B", 40, 40, 5120, 17408, False),
         ("32B", 64, 64, 5120, 25600, False),
     )
+) + (
+    # Qwen/Qwen3-30B-A3B's config.json: 48 layers, 32 / 4 heads x 128, hidden 2048, every layer
+    # sparse with 128 experts of 768, 8 per token; untied. 30.5B parameters, 3.3B read per token.
+    KVGeometry("Qwen3-30B-A3B", 48, 32, 4, 128, 2048, 6144, 151936, False, sparse_layers=48, experts=128,
+               experts_per_token=8, expert_intermediate_size=768),
 )

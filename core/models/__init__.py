@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ModelLoadError
-from . import llama, qwen2, qwen3
+from . import llama, qwen2, qwen3, qwen3_moe
 from .architecture import Architecture, read_model_config
 from .config import ModelConfig
 
-ARCHITECTURES: dict[str, Architecture] = {a.hf_name: a for a in (qwen3.ARCHITECTURE, qwen2.ARCHITECTURE, llama.ARCHITECTURE)}
+ARCHITECTURES: dict[str, Architecture] = {a.hf_name: a for a in (
+    qwen3.ARCHITECTURE, qwen3_moe.ARCHITECTURE, qwen2.ARCHITECTURE, llama.ARCHITECTURE)}
 
 
 def architecture_named(hf_name: str) -> Architecture:

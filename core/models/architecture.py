@@ -12,14 +12,6 @@ from .config import ModelConfig
 from .layers import DecoderLayer
 
 
-@dataclass(frozen=True)
-class Architecture:
-    hf_name: str  # config.json's "architectures"[0]
-    decoder_layer: Callable[[dict[str, Any], int], DecoderLayer]  # (config.json, layer index) -> its kinds
-    gguf_name: str | None = None  # GGUF's general.architecture, when llama.cpp converts it
-    gguf_rope_permuted: bool = False  # llama.cpp's converter permutes this architecture's q/k rows
-
-
 def sliding_window_layers(cfg: dict[str, Any]) -> tuple[int | None, tuple[bool, ...]]:
     """(window, which layers attend over only the last `window` positions), by transformers'
     rule for Qwen2/Qwen3 configs: nothing slides unless ``use_sliding_window``; then
@@ -35,10 +27,26 @@ def sliding_window_layers(cfg: dict[str, Any]) -> tuple[int | None, tuple[bool, 
     return window, tuple(t == "sliding_attention" for t in types)
 
 
+def every_layer_windowed(cfg: dict[str, Any]) -> tuple[int | None, tuple[bool, ...]]:
+    """transformers' rule for Qwen3-MoE: with ``use_sliding_window`` every layer slides."""
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    return window, (window is not None,) * cfg["num_hidden_layers"]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    hf_name: str  # config.json's "architectures"[0]
+    decoder_layer: Callable[[dict[str, Any], int], DecoderLayer]  # (config.json, layer index) -> its kinds
+    gguf_name: str | None = None  # GGUF's general.architecture, when llama.cpp converts it
+    gguf_rope_permuted: bool = False  # llama.cpp's converter permutes this architecture's q/k rows
+    # (config.json) -> (window, which layers attend over only the last `window` positions)
+    window_layers: Callable[[dict[str, Any]], tuple[int | None, tuple[bool, ...]]] = sliding_window_layers
+
+
 def read_model_config(architecture: Architecture, cfg: dict[str, Any], name: str) -> ModelConfig:
     """config.json (transformers' keys, 4.x or 5.x) -> ModelConfig; ValueError names what is
     not supported."""
-    window, sliding = sliding_window_layers(cfg)
+    window, sliding = architecture.window_layers(cfg)
     if any(sliding) and not all(sliding):
         raise ValueError(f"hybrid attention is not supported: {sum(sliding)} of {len(sliding)} layers "
                          f"attend over a sliding window of {window} tokens, the others over everything")

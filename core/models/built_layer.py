@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
 from ..errors import ModelLoadError
-from .layers import DecoderLayer
+from .layers import DecoderLayer, SparseMoE
 
 
 @dataclass
@@ -43,3 +43,16 @@ def implementation(kind: Any, implemented: Mapping[type, type], backend: str) ->
     if type(kind) not in implemented:
         raise ModelLoadError(f"the {backend} backend does not implement {type(kind).__name__} layers yet")
     return implemented[type(kind)]
+
+
+def skipped_expert_bytes(layers: list[BuiltLayer]) -> int:
+    """The weight bytes a decoded token does not read: in each mixture-of-experts layer, the
+    share (num_experts - top_k) / num_experts of its experts (all of one layer's are one size)."""
+    skipped = 0
+    for layer in layers:
+        kind = getattr(layer.mlp, "kind", None)
+        if isinstance(kind, SparseMoE):
+            experts = sum(linear.nbytes() for linear in layer.mlp.linears())
+            skipped += experts * (kind.num_experts - kind.top_k) // kind.num_experts
+    return skipped
+

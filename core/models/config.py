@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..sampling.defaults import SamplingDefaults
-from .layers import DecoderLayer
+from .layers import DecoderLayer, DenseMLP, SparseMoE
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,20 @@ class ModelConfig:
         if self.layers and len(self.layers) != self.num_layers:
             raise ValueError(f"{len(self.layers)} layer descriptions for {self.num_layers} layers")
 
+    def parameters(self) -> int:
+        """The model's parameters as its layer descriptions count them (the norms left out)."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        tables = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        attention = 2 * h * q + 2 * h * kv
+        return tables + sum(attention + mlp_parameters(layer.mlp, h, self.intermediate_size) for layer in self.layers)
+
     def with_eos(self, extra: tuple[int, ...]) -> "ModelConfig":
         merged = tuple(dict.fromkeys(self.eos_token_ids + extra))
         return dataclasses.replace(self, eos_token_ids=merged)
+
+
+def mlp_parameters(kind: DenseMLP | SparseMoE, hidden: int, intermediate: int) -> int:
+    if isinstance(kind, SparseMoE):
+        return kind.num_experts * (3 * hidden * kind.intermediate_size + hidden)  # experts and router rows
+    return 3 * hidden * intermediate
+

@@ -34,8 +34,7 @@ class Attention:
 
 @dataclass(frozen=True)
 class DenseMLP:
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)). Room to grow: a mixture of experts is
-    another kind beside this one, not an option of it."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
 
     biased: tuple[str, ...] = ()
 
@@ -47,8 +46,50 @@ class DenseMLP:
                      [f"{self.prefix}.{p}.bias" for p in self.biased])
 
 
+@dataclass(frozen=True)
+class SparseMoE:
+    """A mixture of SwiGLU experts (Qwen3-MoE): a router scores every expert in float32, softmax
+    over the experts, the top_k most probable run on the token, renormalized to sum to 1 when
+    normalize_top_k, and the output is their weighted sum. Each expert is a DenseMLP of
+    intermediate_size under ``experts.{e}``; the router is ``gate`` (kept in float, never quantized)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    normalize_top_k: bool = False
+
+    prefix: ClassVar[str] = "mlp"
+    router: ClassVar[str] = "gate"
+    biased: ClassVar[tuple[str, ...]] = ()
+    expert_projections: ClassVar[tuple[str, ...]] = DenseMLP.projections
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"a mixture of {self.num_experts} experts cannot route each token to {self.top_k}")
+
+    @staticmethod
+    def expert(index: int) -> str:
+        return f"experts.{index}"
+
+    @property
+    def projections(self) -> tuple[str, ...]:
+        """Every expert's gate, up and down, e.g. "experts.5.up_proj": what int4 quantizes."""
+        return tuple(f"{self.expert(e)}.{p}" for e in range(self.num_experts) for p in self.expert_projections)
+
+    def weight_names(self) -> tuple[str, ...]:
+        return (f"{self.prefix}.{self.router}.weight",) + tuple(f"{self.prefix}.{p}.weight" for p in self.projections)
+
+    def shapes(self, hidden_size: int) -> dict[str, tuple[int, int]]:
+        """Each weight's [rows, columns] as the config says, by weight name."""
+        rows = {"gate_proj": (self.intermediate_size, hidden_size), "up_proj": (self.intermediate_size, hidden_size),
+                "down_proj": (hidden_size, self.intermediate_size)}
+        shapes = {f"{self.prefix}.{self.router}.weight": (self.num_experts, hidden_size)}
+        shapes.update({f"{self.prefix}.{p}.weight": rows[p.rsplit(".", 1)[1]] for p in self.projections})
+        return shapes
+
+
 Mixer = Attention  # what mixes information across positions; linear attention joins it later
-FeedForward = DenseMLP
+FeedForward = DenseMLP | SparseMoE
 
 
 @dataclass(frozen=True)

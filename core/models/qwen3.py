@@ -7,9 +7,13 @@ from .architecture import Architecture
 from .layers import Attention, DecoderLayer, DenseMLP
 
 
-def decoder_layer(cfg: dict[str, Any], index: int) -> DecoderLayer:
+def attention(cfg: dict[str, Any]) -> Attention:
     biased = ("q_proj", "k_proj", "v_proj", "o_proj") if cfg.get("attention_bias") else ()
-    return DecoderLayer(Attention(qk_norm=True, biased=biased), DenseMLP())
+    return Attention(qk_norm=True, biased=biased)
+
+
+def decoder_layer(cfg: dict[str, Any], index: int) -> DecoderLayer:
+    return DecoderLayer(attention(cfg), DenseMLP())
 
 
 ARCHITECTURE = Architecture(hf_name="Qwen3ForCausalLM", decoder_layer=decoder_layer, gguf_name="qwen3")

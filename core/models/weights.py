@@ -40,6 +40,20 @@ class TensorsByName:
         except KeyError:
             raise ModelLoadError(f"checkpoint lacks tensor {name!r}") from None
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of a tensor not yet taken: an array's, or (out, in) of a layer the backend
+        already made from it (a quantized projection)."""
+        tensor = self._tensors.get(name)
+        if tensor is None:
+            raise ModelLoadError(f"checkpoint lacks tensor {name!r}")
+        return tuple(tensor.shape) if hasattr(tensor, "shape") else (tensor.out_features, tensor.in_features)
+
+    def check_shapes(self, expected: dict[str, tuple[int, ...]]) -> None:
+        """ModelLoadError naming the first tensor whose shape is not what the config says."""
+        for name, shape in expected.items():
+            if self.shape(name) != shape:
+                raise ModelLoadError(f"tensor {name!r} has shape {list(self.shape(name))}; config.json says {list(shape)}")
+
     def take_if_present(self, name: str) -> Any | None:
         return self._tensors.pop(name, None)
 

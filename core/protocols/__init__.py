@@ -13,6 +13,7 @@ from .backend import (
     ChoosesKVDtype,
     ModelExecutor,
     QuantizedLinear,
+    ReadsRoutedExperts,
     Sampler,
 )
 from .batch import SampleResult, ScheduledChunk, StepBatch
@@ -31,7 +32,7 @@ from .logits import Completing, LogitsProcessor, LogitsRequest, LogitsState, Tak
 from .speculative import DraftVerifying, Proposer
 
 __all__ = [
-    "Backend", "Calibratable", "ChoosesKVDtype", "ChoosesKernels", "Completing", "DraftVerifying", "Forking",
+    "Backend", "Calibratable", "ChoosesKVDtype", "ChoosesKernels", "ReadsRoutedExperts", "Completing", "DraftVerifying", "Forking",
     "KVCache", "KVStorage", "KVUsage", "LogitsProcessor", "LogitsRequest", "LogitsState", "LossyKV",
     "ModelExecutor", "PrefixCaching", "Proposer", "QuantizedLinear", "ReservesAhead", "Rewinding", "SampleResult",
     "Sampler", "ScheduledChunk", "SlidingWindow", "StepBatch", "TakesRequestArgs",

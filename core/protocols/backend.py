@@ -77,6 +77,15 @@ class ChoosesKernels(Protocol):
 
 
 @runtime_checkable
+class ReadsRoutedExperts(Protocol):
+    """An executor whose decode step reads only part of its weights (a mixture of experts: each
+    token's routed experts, not all of them); the start-up plan prints both figures."""
+
+    def active_weight_bytes(self) -> int:
+        """The bytes one decoded token reads: every weight but the experts its router skips."""
+
+
+@runtime_checkable
 class Calibratable(Protocol):
     """An executor whose projections can be watched while it runs, so int4 quantization can
     weigh each input column by the activations it meets (qwen_serve.quant.calibration)."""

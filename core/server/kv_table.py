@@ -7,7 +7,8 @@
 For each model: KV bytes per token and per block in fp32 / bf16 / int8 with its scales / "as if
 MHA" (bf16 with as many kv heads as query heads), the share of layers that keep a full cache
 (hybrid and windowed layouts keep only a window in the others), each sequence's KV at the given
-context lengths, and with --budget how many such sequences fit next to the weights. A markdown
+context lengths, the weights in total and as read per decoded token (a mixture of experts reads
+only the experts its router picks), and with --budget how many such sequences fit next to the weights. A markdown
 table by default, --json for scripts. Every figure comes from qwen_serve.kv.memory.
 """
 from __future__ import annotations
@@ -79,6 +80,8 @@ def model_figures(g: KVGeometry, contexts: Sequence[int], block_size: int, budge
         "bytes_per_block": {key: value * block_size for key, value in per_token.items()},
         "bf16_over_int8": per_token["bfloat16"] / per_token["int8"],
         "parameters": g.parameters(), "weight_bytes": weight_bytes, "contexts": rows,
+        # what one decoded token reads: all but the experts its router skips (= the totals when dense)
+        "active_parameters": g.parameters(active=True), "active_weight_bytes": g.weight_bytes(weights, active=True),
     }
 
 
@@ -104,7 +107,12 @@ def render_markdown(report: dict[str, Any]) -> str:
         ["model", "context (tokens)"] + [HEADERS[k] for k in keys],
         [[m["name"], f"{row['context']:,}"] + [format_bytes(row["bytes"][k]) for k in keys]
          for m in models for row in m["contexts"]])
-    parts = ["## KV cache per token", per_token, "## KV cache per sequence", per_sequence]
+    weights = table(
+        ["model", "parameters", "read per token", f"{report['weights']} weights", "read per token"],
+        [[m["name"], f"{m['parameters'] / 1e9:.2f}B", f"{m['active_parameters'] / 1e9:.2f}B",
+          format_bytes(m["weight_bytes"]), format_bytes(m["active_weight_bytes"])] for m in models])
+    parts = ["## KV cache per token", per_token, "## KV cache per sequence", per_sequence,
+             "## Weights (a mixture of experts reads only its routed experts per token)", weights]
     if report["budget_bytes"] is not None:
         fits = ("float32", "bfloat16", "int8")
         parts += [f"## Sequences that fit in {format_bytes(report['budget_bytes'])} next to the "

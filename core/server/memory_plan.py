@@ -8,12 +8,19 @@ from __future__ import annotations
 from typing import Any
 
 from ..kv.memory import blocks_spanned
-from ..protocols import ChoosesKernels, SlidingWindow
+from ..protocols import ChoosesKernels, ReadsRoutedExperts, SlidingWindow
 from ..sampling.defaults import SamplingDefaults
 
 
 def mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
+
+
+def read_per_token(executor: Any) -> str:
+    """', X MiB read per decoded token (...)' for a mixture of experts, else nothing."""
+    if not isinstance(executor, ReadsRoutedExperts) or executor.active_weight_bytes() == executor.weight_bytes():
+        return ""
+    return f", {mib(executor.active_weight_bytes())} read per decoded token (its routed experts only)"
 
 
 def format_memory_plan(parts: Any, dtype: str, quant: str, sampling_defaults: SamplingDefaults | None = None) -> str:
@@ -27,7 +34,8 @@ def format_memory_plan(parts: Any, dtype: str, quant: str, sampling_defaults: Sa
         f"{m.num_heads} q heads / {m.num_kv_heads} kv heads x head_dim {m.head_dim}, vocab {m.vocab_size}",
         f"backend    {parts.backend.name}, KV cache {type(parts.cache).__name__} on {type(parts.storage).__name__}, "
         f"dtype {dtype}, quant {quant}, KV {e.kv_dtype} ({parts.kv_dtype_reason})",
-        f"weights    {mib(parts.executor.weight_bytes())}",
+        f"weights    {mib(parts.executor.weight_bytes())}{read_per_token(parts.executor)}"
+        + (f"; {quant} calibration {parts.calibration}" if parts.calibration else ""),
         f"KV cache   {per_token:,} B/token ({per_token / 1024:.1f} KiB), {mib(per_block)}/block of "
         f"{e.block_size} tokens, pool {e.kv_blocks} blocks = {mib(per_block * e.kv_blocks)} "
         f"(grown {e.slab_blocks} blocks at a time)",

@@ -1,0 +1,32 @@
+"""Qwen3-MoE (Qwen3MoeForCausalLM, e.g. Qwen3-30B-A3B): Qwen3's attention, and a mixture of
+experts in place of the dense MLP on the layers the config makes sparse."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ModelLoadError
+from .architecture import Architecture, every_layer_windowed
+from .layers import DecoderLayer, DenseMLP, SparseMoE
+from .qwen3 import attention
+
+
+def decoder_layer(cfg: dict[str, Any], index: int) -> DecoderLayer:
+    """Layer `index` is sparse unless listed in mlp_only_layers, when it falls on every
+    decoder_sparse_step-th layer (transformers' rule); the others keep a dense MLP of
+    intermediate_size."""
+    experts = cfg.get("num_experts", cfg.get("num_local_experts")) or 0  # transformers 5 writes num_local_experts
+    step = cfg.get("decoder_sparse_step") or 1
+    if experts == 0 or index in (cfg.get("mlp_only_layers") or ()) or (index + 1) % step:
+        return DecoderLayer(attention(cfg), DenseMLP())
+    top_k, width = cfg.get("num_experts_per_tok"), cfg.get("moe_intermediate_size")
+    if not isinstance(top_k, int) or not 1 <= top_k <= experts:
+        raise ModelLoadError(f"config.json: num_experts_per_tok is {top_k!r}; it must be 1 to num_experts ({experts})")
+    if not isinstance(width, int) or width < 1:
+        raise ModelLoadError(f"config.json: moe_intermediate_size is {width!r}; it must be a positive integer")
+    mlp = SparseMoE(num_experts=experts, top_k=top_k, intermediate_size=width,
+                    normalize_top_k=bool(cfg.get("norm_topk_prob", False)))
+    return DecoderLayer(attention(cfg), mlp)
+
+
+ARCHITECTURE = Architecture(hf_name="Qwen3MoeForCausalLM", decoder_layer=decoder_layer, gguf_name="qwen3moe",
+                            window_layers=every_layer_windowed)

@@ -43,7 +43,8 @@ def chat_turn(req: CountTokensRequest, sampling_defaults: SamplingDefaults = Sam
     choice = _tool_choice(req, tools)
     response_format = None
     if req.output_config is not None and req.output_config.format is not None:
-        response_format = ResponseFormat("json_schema", json.dumps(req.output_config.format.schema_, sort_keys=True))
+        response_format = ResponseFormat("json_schema", json.dumps(req.output_config.format.schema_, sort_keys=True),
+                                         "output_config")
     params = SamplingParams()
     if isinstance(req, MessagesRequest):
         sampling = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k}

@@ -55,5 +55,8 @@ def check(error: str | None, what: str) -> None:
 
 
 def _param(what: str) -> str:
-    """The request field a message is about: response_format, or tools for a tool's schema."""
-    return "response_format" if what.startswith("response_format") else "tools"
+    """The request field a message is about: its first word when that names a field a constraint
+    comes from (response_format, structured_outputs, grammar; Messages' output_config, Responses'
+    text), else tools (a tool's schema)."""
+    first = what.split(" ", 1)[0]
+    return first if first in ("response_format", "structured_outputs", "grammar", "output_config", "text") else "tools"

@@ -7,7 +7,7 @@ Every rejection is an InvalidRequest naming the field (HTTP 400).
 """
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -27,8 +27,8 @@ from ..chat.tools import ToolChoiceField, Tools
 from ..chat.validation import Body, Integer, integer, parse_json_object, validate
 from ..errors import InvalidRequest
 from ..sampling.defaults import SamplingDefaults
-from ..sampling.params import SamplingParams
-from .structured import ResponseFormatField
+from ..sampling.params import SamplingParams, StructuredOutput
+from .structured import ResponseFormat, ResponseFormatField, StructuredOutputs, gbnf_constraint, one_constraint
 from .turn import ChatTurn
 
 MAX_N = 128  # OpenAI's limit; whether n choices fit the KV pool is the engine's check
@@ -100,7 +100,12 @@ class SamplingFields(Request):
     stream_options: StreamOptions | None = Field(None, description="only with stream: true")
     priority: integer(**INT64) = Field(0, description="lower is served first (--scheduling-policy priority); "
                                            "other than 0 is a 400 under fcfs")
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's: the reply follows a JSON "
+                                                         "schema, a regex, a choice of strings or a Lark grammar")
+    grammar: str | None = Field(None, description="llama.cpp's: a GBNF grammar the reply belongs to (translated "
+                                "to Lark; a construct the translator lacks is a 400 naming it)")
     _params: SamplingParams = PrivateAttr()
+    _constraint: ResponseFormat | None = PrivateAttr(None)
 
     @property
     def params(self) -> SamplingParams:
@@ -128,6 +133,17 @@ class SamplingFields(Request):
         # SamplingParams' own ValueError is a 400 too
         self._params = SamplingParams(**{**same, "max_tokens": max_tokens, "logprobs": logprobs,
                                           "extra_args": self.vllm_xargs})
+
+    @property
+    def constraint(self) -> ResponseFormat | None:
+        """What the reply's text must follow (response_format, structured_outputs or grammar)."""
+        return self._constraint
+
+    def _set_constraint(self, response_format: ResponseFormat | None = None) -> None:
+        self._constraint = one_constraint(
+            response_format=response_format,
+            structured_outputs=None if self.structured_outputs is None else self.structured_outputs.constraint(),
+            grammar=None if self.grammar is None else gbnf_constraint(self.grammar))
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> SamplingFields:
@@ -162,7 +178,7 @@ class ChatCompletionRequest(SamplingFields, TemplateFields):
     @property
     def turn(self) -> ChatTurn:
         return ChatTurn(self.messages, self.params, self.tools, self.tool_choice, self.template_kwargs,
-                        self.response_format, self.max_tokens_given, self.priority,
+                        self.constraint, self.max_tokens_given, self.priority,
                         effort_budget(self.reasoning_effort))
 
     @model_validator(mode="after")
@@ -170,6 +186,7 @@ class ChatCompletionRequest(SamplingFields, TemplateFields):
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequest("requires 'logprobs': true", param="top_logprobs")
         self.tool_choice.check(self.tools)
+        self._set_constraint(self.response_format)
         self._set_params(self.max_completion_tokens or self.max_tokens,
                          (self.top_logprobs or 0) if self.logprobs else None, info)
         return self
@@ -210,6 +227,10 @@ class CompletionRequest(SamplingFields):
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidRequest("other than n is not supported", param="best_of")
         self._set_params(self.max_tokens, self.logprobs, info)
+        self._set_constraint()
+        if self.constraint is not None:
+            c = self.constraint
+            self._params = replace(self._params, structured=StructuredOutput(c.kind, c.schema, field=c.field))
         return self
 
 

@@ -56,8 +56,8 @@ def tool_choice(req: ResponsesRequest) -> ToolChoice:
 def response_format(req: ResponsesRequest) -> ResponseFormat | None:
     fmt = req.text.format
     if isinstance(fmt, JsonSchemaTextOutput):
-        return ResponseFormat("json_schema", json.dumps(fmt.schema_, sort_keys=True))
-    return ResponseFormat("json_object") if isinstance(fmt, JsonObjectOutput) else None
+        return ResponseFormat("json_schema", json.dumps(fmt.schema_, sort_keys=True), "text")
+    return ResponseFormat("json_object", None, "text") if isinstance(fmt, JsonObjectOutput) else None
 
 
 def conversation(items: Sequence[Any]) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence, get_args
 
 from .request_args import StoredArgs, freeze_request_args, thaw_request_args
 
-StructuredKind = Literal["json_object", "json_schema", "tool_calls"]
+StructuredKind = Literal["json_object", "json_schema", "tool_calls", "regex", "choice", "grammar"]
 ToolCallFormat = Literal["hermes", "qwen3_xml"]  # the forms a tool_calls constraint can write
 TOOL_CALL_FORMATS: tuple[str, ...] = get_args(ToolCallFormat)
 
@@ -31,8 +31,13 @@ class StructuredOutput:
       ``hermes`` (Qwen3's ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>``) or
       ``qwen3_xml`` (Qwen3-Coder's ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\n...``).
 
+    - ``regex``: text matching the regular expression ``schema`` (Rust regex syntax).
+    - ``choice``: exactly one of the strings of ``schema`` (a JSON array).
+    - ``grammar``: text of the Lark grammar ``schema`` (llguidance's Lark dialect).
+
     ``after_token_id``: the constraint starts only once this token has been generated (Qwen3's
-    ``</think>`` while a think block is open); None means from the first token.
+    ``</think>`` while a think block is open); None means from the first token. ``field``: the
+    request field it came from, which a 400 about it names.
     """
 
     kind: StructuredKind
@@ -40,12 +45,13 @@ class StructuredOutput:
     tools: tuple[tuple[str, str], ...] = ()
     after_token_id: int | None = None
     tool_format: ToolCallFormat = "hermes"
+    field: str = "response_format"
 
     def __post_init__(self) -> None:
-        if self.kind not in ("json_object", "json_schema", "tool_calls"):
+        if self.kind not in get_args(StructuredKind):
             raise ValueError(f"unknown structured output kind {self.kind!r}")
-        if self.kind == "json_schema" and not isinstance(self.schema, str):
-            raise ValueError("a json_schema constraint needs its schema as JSON text")
+        if self.kind in ("json_schema", "regex", "choice", "grammar") and not isinstance(self.schema, str):
+            raise ValueError(f"a {self.kind} constraint needs its text")
         if self.kind == "tool_calls" and not self.tools:
             raise ValueError("a tool_calls constraint needs at least one tool")
         if self.tool_format not in TOOL_CALL_FORMATS:

@@ -207,3 +207,19 @@ def test_seeded_sampling_is_the_same_streamed_or_not(sampled):
               "extra_body": {"temperature": 0.9, "top_k": 40, "seed": 11}}
     created = both_ways(sampled, **fields)
     assert created.content and created.content[0].type == "text" and created.content[0].text
+
+
+@pytest.mark.parametrize("fields, budget", [
+    ({"output_config": {"effort": "low"}}, 1024),
+    ({"output_config": {"effort": "medium"}}, 8192),
+    ({"output_config": {"effort": "high"}}, None),  # the server's --reasoning-budget
+    ({"output_config": {"effort": "low"}, "thinking": {"type": "enabled", "budget_tokens": 50}}, 50),
+    ({}, None),
+])
+def test_output_config_effort_sets_the_thinking_budget(fields, budget):
+    from qwen_serve.anthropic.protocol import MessagesRequest
+    from qwen_serve.anthropic.translate import chat_turn
+
+    req = MessagesRequest.model_validate({"model": "any", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}],
+                                          **fields})
+    assert chat_turn(req).thinking_budget == budget

@@ -132,6 +132,8 @@ class JsonSchemaOutput(Body):
 
 class OutputConfig(Body):
     format: JsonSchemaOutput | None = None
+    effort: str | None = Field(None, description="low, medium: a think block of at most 1024, 8192 tokens "
+                               "(thinking.budget_tokens wins); high, max and others: --reasoning-budget")
 
 
 class CountTokensRequest(Body):

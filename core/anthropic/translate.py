@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..chat.reasoning.effort import effort_budget
 from ..chat.tools import Tool, ToolChoice, distinct_names, function_tool
 from ..openai.structured import ResponseFormat
 from ..openai.turn import ChatTurn
@@ -51,6 +52,8 @@ def chat_turn(req: CountTokensRequest, sampling_defaults: SamplingDefaults = Sam
         params = SamplingParams(**sampling | sampling_defaults.for_missing(req.model_fields_set),
                                 max_tokens=req.max_tokens, seed=req.seed, stop=tuple(req.stop_sequences))
     budget = req.thinking.budget_tokens if req.thinking is not None and req.thinking.type == "enabled" else None
+    if budget is None and req.output_config is not None:
+        budget = effort_budget(req.output_config.effort)
     return ChatTurn(conversation(req), params, tools, choice, _thinking_switch(req), response_format,
                     max_tokens_given=False, thinking_budget=budget)
 

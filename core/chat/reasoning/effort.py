@@ -1,5 +1,6 @@
 """What a reasoning effort means for Qwen's thinking models, on every API that has one
-(``reasoning_effort`` in Chat Completions, ``reasoning.effort`` in the Responses API): none and
+(``reasoning_effort`` in Chat Completions, ``reasoning.effort`` in the Responses API,
+``output_config.effort`` in Messages, where only the budget applies): none and
 minimal turn the template's thinking off; low and medium let a think block take at most this many
 tokens before the engine closes it; high and xhigh leave it to the server's --reasoning-budget."""
 from __future__ import annotations

@@ -54,8 +54,9 @@ def chat_turn(req: CountTokensRequest, sampling_defaults: SamplingDefaults = Sam
     budget = req.thinking.budget_tokens if req.thinking is not None and req.thinking.type == "enabled" else None
     if budget is None and req.output_config is not None:
         budget = effort_budget(req.output_config.effort)
+    parallel = req.tool_choice is None or not req.tool_choice.disable_parallel_tool_use
     return ChatTurn(conversation(req), params, tools, choice, _thinking_switch(req), response_format,
-                    max_tokens_given=False, thinking_budget=budget)
+                    max_tokens_given=False, thinking_budget=budget, parallel_tool_calls=parallel)
 
 
 def conversation(req: CountTokensRequest) -> list[dict[str, Any]]:

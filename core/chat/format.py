@@ -20,6 +20,7 @@ from ..sampling.params import ToolCallFormat
 from .output_parser import ChatOutputParser
 from .reasoning import ThinkState, choose_reasoning_parser
 from .tool_parsers import choose_tool_parser
+from .tool_parsers.base import FirstCallOnly
 from .tool_parsers.hermes_prompt import inline_tool_history, with_tools_described
 from .tools import Tool, ToolChoice
 
@@ -89,9 +90,12 @@ class ChatFormat:
         generation_prompt = text[len(history):] if text.startswith(history) else text
         return self.reasoning_parser.prompt_state(generation_prompt)
 
-    def output_parser(self, rendered: RenderedChat) -> ChatOutputParser:
-        """A fresh parser for one choice of a request rendered by this format."""
+    def output_parser(self, rendered: RenderedChat, parallel_tool_calls: bool = True) -> ChatOutputParser:
+        """A fresh parser for one choice of a request rendered by this format; without
+        ``parallel_tool_calls`` it gives out the first call only."""
         tools = self.tool_parser(rendered.parsed_tools) if rendered.parsed_tools else None
+        if tools is not None and not parallel_tool_calls:
+            tools = FirstCallOnly(tools)
         return ChatOutputParser(self.reasoning_parser(rendered.think_state), tools)
 
     @property

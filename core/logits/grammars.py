@@ -31,7 +31,8 @@ def grammar_for(structured: StructuredOutput, llguidance: Any, validate: Callabl
             raise InvalidRequest(f"{what}: {exc}", param=structured.field) from None
         check(validate(grammar), what)
         return grammar
-    return tool_calls_grammar(structured.tool_format, structured.tools, llguidance, validate, token_id)
+    return tool_calls_grammar(structured.tool_format, structured.tools, llguidance, validate, token_id,
+                              structured.single_call)
 
 
 LIBRARY_FORMATS = {"regex": "regex", "choice": "choice", "grammar": "lark"}  # kind -> llguidance.grammar_from's

@@ -9,7 +9,7 @@ form a tool parser reads, so what the grammar lets the model write is what the p
   of its enum), any other value JSON valid against the parameter's schema (the parser reads
   those values as JSON).
 
-Calls are one or more blocks separated by a newline; where the tokenizer has ``<tool_call>`` as
+Calls are one or more blocks separated by a newline (one with single_call); where the tokenizer has ``<tool_call>`` as
 one token the grammar asks for that token (a model never spells it out), otherwise for the text.
 """
 from __future__ import annotations
@@ -26,14 +26,16 @@ ANY_PARAMETER = 'any_parameter: "<parameter=" /[^>\\n]+/ ">\\n" text_value "\\n"
 
 
 def tool_calls_grammar(tool_format: ToolCallFormat, tools: tuple[tuple[str, str], ...], llguidance: Any,
-                       validate: Callable[[str], str | None], token_id: Callable[[str], int | None]) -> str:
-    """``tools``: (name, parameters schema as JSON text) pairs."""
+                       validate: Callable[[str], str | None], token_id: Callable[[str], int | None],
+                       single_call: bool = False) -> str:
+    """``tools``: (name, parameters schema as JSON text) pairs; single_call: one block, not one or more."""
     write_calls = _xml_calls if tool_format == "qwen3_xml" else _hermes_calls
     rules = write_calls([(name, _parameters(name, parameters)) for name, parameters in tools], llguidance, validate)
     opening, closing = (_token_or_text("<tool_call>", token_id), _token_or_text("</tool_call>", token_id))
+    calls = "tool_call" if single_call else 'tool_call ("\\n" tool_call)*'
     lark = (
         "%llguidance {}\n"
-        'start: tool_call ("\\n" tool_call)*\n'
+        f"start: {calls}\n"
         f'tool_call: {opening} "\\n" call "\\n" {closing}\n'
         f"call: {' | '.join(f'call_{i}' for i in range(len(tools)))}\n"
         + rules

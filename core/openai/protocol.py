@@ -173,13 +173,14 @@ class ChatCompletionRequest(SamplingFields, TemplateFields):
     logprobs: bool = False
     top_logprobs: integer(ge=0, le=20) | None = Field(None, description="needs logprobs: true")
     tool_choice: ToolChoiceField = Field("auto", validate_default=True)
+    parallel_tool_calls: bool = Field(True, description="false: at most one tool call per reply")
     response_format: ResponseFormatField | None = None
 
     @property
     def turn(self) -> ChatTurn:
         return ChatTurn(self.messages, self.params, self.tools, self.tool_choice, self.template_kwargs,
                         self.constraint, self.max_tokens_given, self.priority,
-                        effort_budget(self.reasoning_effort))
+                        effort_budget(self.reasoning_effort), self.parallel_tool_calls)
 
     @model_validator(mode="after")
     def _between_fields(self, info: ValidationInfo) -> ChatCompletionRequest:

@@ -104,7 +104,8 @@ def one_constraint(**given: ResponseFormat | None) -> ResponseFormat | None:
 
 
 def structured_output(response_format: ResponseFormat | None, tool_choice: ToolChoice, tools: tuple[Tool, ...],
-                      after_token_id: int | None, tool_format: ToolCallFormat = "hermes") -> StructuredOutput | None:
+                      after_token_id: int | None, tool_format: ToolCallFormat = "hermes",
+                      single_call: bool = False) -> StructuredOutput | None:
     """The constraint a request asks for, if any; forced calls in ``tool_format``, the form the
     model's tool parser reads (ChatFormat.tool_format)."""
     forced_tools = tool_choice.mode in ("required", "function")
@@ -114,7 +115,7 @@ def structured_output(response_format: ResponseFormat | None, tool_choice: ToolC
     if forced_tools:
         offered = tool_choice.offered(tools)
         return StructuredOutput("tool_calls", tools=tuple((t.name, _schema_text(t, tool_format)) for t in offered),
-                                after_token_id=after_token_id, tool_format=tool_format)
+                                after_token_id=after_token_id, tool_format=tool_format, single_call=single_call)
     if response_format is None:
         return None
     return StructuredOutput(response_format.kind, schema=response_format.schema, after_token_id=after_token_id,

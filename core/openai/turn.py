@@ -28,6 +28,7 @@ class ChatTurn:
     max_tokens_given: bool = False  # True: a max_tokens the prompt leaves no room for is a 400; False: cut to fit
     priority: int = 0
     thinking_budget: int | None = None  # tokens a think block may take (None: the server's --reasoning-budget)
+    parallel_tool_calls: bool = True  # False: at most one call (a forced call's grammar allows one)
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,11 @@ class StartedTurn:
     params: SamplingParams  # as the engine runs them
     outputs: AsyncIterator[RequestOutput]  # close it (aclosing) to abort the request
     chat_format: ChatFormat
+    parallel_tool_calls: bool = True
 
     def new_parser(self) -> ChatOutputParser:
         """A fresh parser of one choice's output (reasoning, content, tool calls)."""
-        return self.chat_format.output_parser(self.rendered)
+        return self.chat_format.output_parser(self.rendered, self.parallel_tool_calls)
 
 
 def start_turn(served: ServedModel, turn: ChatTurn, reply_id: str, arrival: float) -> StartedTurn:
@@ -53,9 +55,10 @@ def start_turn(served: ServedModel, turn: ChatTurn, reply_id: str, arrival: floa
     if budget is not None and chat_format.think_end_token_id is not None:
         params = replace(params, thinking_budget=budget)
     structured = structured_output(turn.response_format, turn.tool_choice, turn.tools,
-                                   chat_format.constraint_start(rendered), tool_format=chat_format.tool_format)
+                                   chat_format.constraint_start(rendered), tool_format=chat_format.tool_format,
+                                   single_call=not turn.parallel_tool_calls)
     if structured is not None:
         params = replace(params, structured=structured)
     outputs = served.engine.generate(reply_id, rendered.token_ids, params, arrival, priority=turn.priority)
     served.metrics.record_request()
-    return StartedTurn(reply_id, rendered, params, outputs, chat_format)
+    return StartedTurn(reply_id, rendered, params, outputs, chat_format, turn.parallel_tool_calls)

@@ -159,7 +159,7 @@ class ResponsesRequest(Body):
     previous_response_id: str | None = Field(None, description="a stored response whose conversation this continues")
     tools: list[AnyResponsesTool] = Field([], description="function tools; other kinds are ignored")
     tool_choice: Union[Literal["auto", "none", "required"], FunctionToolChoice] = "auto"
-    parallel_tool_calls: bool = Field(True, description="accepted, not enforced")
+    parallel_tool_calls: bool = Field(True, description="false: at most one function call per response")
     max_output_tokens: integer(ge=1) | None = Field(None, description="cut to the room the prompt leaves; left "
                                                                       "out: that room")
     temperature: float = Field(1.0, ge=0, le=2, description="omitted (as top_p): the model's generation_config.json "

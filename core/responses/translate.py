@@ -45,7 +45,8 @@ def chat_turn(req: ResponsesRequest, items: Sequence[Any],
     params = SamplingParams(max_tokens=req.max_output_tokens or UNLIMITED, seed=req.seed, **sampling)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     return ChatTurn(system + conversation(items), params, tools, choice, effort_template_kwargs(req.reasoning.effort),
-                    response_format(req), max_tokens_given=False, thinking_budget=effort_budget(req.reasoning.effort))
+                    response_format(req), max_tokens_given=False, thinking_budget=effort_budget(req.reasoning.effort),
+                    parallel_tool_calls=req.parallel_tool_calls)
 
 
 def tool_choice(req: ResponsesRequest) -> ToolChoice:

@@ -46,6 +46,7 @@ class StructuredOutput:
     after_token_id: int | None = None
     tool_format: ToolCallFormat = "hermes"
     field: str = "response_format"
+    single_call: bool = False  # tool_calls: exactly one call (parallel_tool_calls false)
 
     def __post_init__(self) -> None:
         if self.kind not in get_args(StructuredKind):

@@ -38,6 +38,29 @@ class ToolDelta:
         return ToolDelta(self.content + other.content, self.calls + other.calls)
 
 
+class FirstCallOnly:
+    """A tool parser that gives out its first call only (``parallel_tool_calls: false``, and
+    Anthropic's ``disable_parallel_tool_use``): later calls are dropped, content is kept."""
+
+    def __init__(self, parser: "ToolParser") -> None:
+        self.parser, self.name, self.call_format = parser, parser.name, parser.call_format
+        self._given = 0
+
+    def _first(self, delta: ToolDelta) -> ToolDelta:
+        kept = delta.calls[:max(0, 1 - self._given)]
+        self._given += len(kept)
+        return ToolDelta(delta.content, kept)
+
+    def feed(self, text: str) -> ToolDelta:
+        return self._first(self.parser.feed(text))
+
+    def finish(self) -> ToolDelta:
+        return self._first(self.parser.finish())
+
+    def extract(self, text: str) -> ToolDelta:
+        return self._first(self.parser.extract(text))
+
+
 @runtime_checkable
 class ToolParser(Protocol):
     name: ClassVar[str]

@@ -28,6 +28,7 @@ SCRIPTS = {
     "tool call": ["<think>", "\nI need the weather tool.\n", "</think>", "\n\n",
                   "<tool_call>", WEATHER_PARIS, "</tool_call>"],
     "plain": ["It is sunny in Paris."],
+    "json that breaks off": ['{"city": "', "Paris", '"', " and then some words"],
 }
 WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
@@ -280,3 +281,27 @@ def test_the_store_drops_the_least_recently_used_past_its_bytes():
     nothing = ResponseStore(0)
     nothing.put(*stored("resp_0", ""))
     assert len(nothing) == 0
+
+
+def test_a_failure_mid_stream_ends_with_response_failed(server, seeds):
+    """The scripted backend writes its script whatever the grammar allows: the JSON begins well,
+    and the first token the json_schema grammar refuses fails the request after the stream has
+    opened (a request refused at its first token is a 500 before any event)."""
+    fields = {"model": MODEL, "input": "Hello", "seed": seeds["json that breaks off"], "store": False,
+              "text": {"format": {"type": "json_schema", "name": "w", "schema": WEATHER}}}
+    status, headers, body = server.request("POST", "/v1/responses", {**fields, "stream": True})
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(block.split("\n")[1].removeprefix("data: "))
+              for block in body.decode().strip().split("\n\n") if not block.startswith(":")]
+    assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert events[-1]["type"] == "response.failed", events[-1]
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error" and failed["error"]["message"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert '{"city": "Paris"' in "".join(e.get("delta", "") for e in events)  # what came before the failure
+    status, _, body = server.request("POST", "/v1/responses", fields)
+    assert status == 500 and json.loads(body)["error"]["message"], body
+    status, _, body = server.request("POST", "/v1/responses", {"model": MODEL, "input": "Hi", "seed": seeds["plain"]})
+    assert status == 200 and json.loads(body)["status"] == "completed", body  # still serving
+    idle = server.wait_until_idle(timeout_s=30)
+    assert idle["kv_blocks_used"] == idle["kv_blocks_cached"] and idle["requests_active"] == 0  # nothing leaked

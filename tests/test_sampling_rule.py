@@ -160,3 +160,25 @@ def test_top_p_sorting_only_likely_tokens_equals_sorting_all(spread, top_p):
         free = rule.weights(row, SamplingParams(temperature=1.0))
         np.testing.assert_array_equal(rule.weights(row, SamplingParams(temperature=1.0, top_p=top_p)),
                                       full_sort_top_p(free, top_p))
+
+
+def full_vocabulary_top_k(row: np.ndarray, top_k: int, temperature: float) -> np.ndarray:
+    """Top-k the plain way: softmax over the whole row with every token below the k-th at -inf."""
+    scaled = (row.astype(np.float64) - row.max()) / temperature
+    scaled[scaled < np.sort(scaled)[-top_k]] = -np.inf
+    probs = np.exp(scaled)
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 20, 299])
+def test_top_k_on_the_kept_tokens_equals_top_k_over_the_vocabulary(top_k):
+    rng = np.random.default_rng(top_k)
+    for _ in range(5):
+        row = (rng.standard_normal(VOCAB) * 3).astype(np.float32)
+        row[rng.integers(0, VOCAB, 10)] = row.max()  # ties at the top
+        row[rng.integers(0, VOCAB, 10)] = -np.inf  # masked tokens
+        got = rule.weights(row, SamplingParams(temperature=0.7, top_k=top_k))
+        np.testing.assert_allclose(got, full_vocabulary_top_k(row, top_k, 0.7), rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="nothing to draw from"):  # a NaN row is refused with top-k too
+        rule.sample(np.array([[0.0, np.nan, 1.0]], np.float32), [SamplingParams(temperature=1.0, top_k=2)],
+                    [rule.make_generator(0)])

@@ -1,6 +1,10 @@
 """GGUF files (llama.cpp's format): metadata -> ModelConfig, vocab -> tokenizer, tensors
 dequantized to float32 and renamed to transformers' names.
 
+A mixture of experts stores each projection of all a layer's experts as one 3-D tensor; it is
+given out one expert at a time, dequantized from that expert's own blocks, so no float copy of
+the whole stack ever exists.
+
 llama.cpp's converter permutes the rows of Llama Q/K projections to suit its rope layout; the
 permutation is undone here so the weights match the HF checkpoint the file came from.
 """
@@ -19,12 +23,12 @@ from .checkpoint import Checkpoint
 from .gguf_tokenizer import gguf_fields, tokenizer_from_gguf
 from .tokenizer import Tokenizer
 
-_GLOBAL_NAMES = {
+GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_LAYER_NAMES = {
+LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -36,7 +40,9 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # the router
 }
+EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -70,6 +76,9 @@ def load_gguf(path: Path) -> Checkpoint:
 
     def tensors(framework: str) -> Iterator[tuple[str, Any]]:
         for tensor in stored:
+            if tensor.name.split(".")[-2] in EXPERT_NAMES:
+                yield from expert_tensors(tensor)
+                continue
             name = hf_tensor_name(tensor.name)
             array = dequantize(tensor)
             if architecture.gguf_rope_permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
@@ -92,11 +101,24 @@ def hf_config(fields: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
 
     hidden = get("embedding_length")
     heads = get("attention.head_count")
+    layers = get("block_count")
+    experts = fields.get(f"{arch}.expert_count") or 0
+    moe = {} if not experts else {
+        "num_experts": experts,
+        "num_experts_per_tok": get("expert_used_count"),
+        "moe_intermediate_size": get("expert_feed_forward_length"),
+        # llama.cpp's converter does not write expert_weights_norm for qwen3moe and its graph
+        # always renormalizes the chosen weights; a file that says false is taken at its word
+        "norm_topk_prob": bool(fields.get(f"{arch}.expert_weights_norm", True)),
+        "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names],
+    }
     return {
+        "architectures": [architecture_for_gguf(arch).hf_name],
         "vocab_size": fields.get(f"{arch}.vocab_size") or len(fields["tokenizer.ggml.tokens"]),
         "hidden_size": hidden,
-        "intermediate_size": get("feed_forward_length"),
-        "num_hidden_layers": get("block_count"),
+        # a mixture of experts may have no dense MLP to size
+        "intermediate_size": fields.get(f"{arch}.feed_forward_length") if experts else get("feed_forward_length"),
+        "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": get("attention.head_count_kv", heads),
         "head_dim": get("attention.key_length", hidden // heads),
@@ -106,27 +128,41 @@ def hf_config(fields: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "eos_token_id": fields.get("tokenizer.ggml.eos_token_id"),
         "bos_token_id": fields.get("tokenizer.ggml.bos_token_id"),
+        **moe,
     }
 
 
 def hf_tensor_name(gguf_name: str) -> str:
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
+    if gguf_name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[gguf_name]
     match = _LAYER_RE.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
+    if match is None or match.group(2) not in LAYER_NAMES:
         raise ModelLoadError(f"unexpected GGUF tensor {gguf_name!r}")
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{LAYER_NAMES[part]}.{kind}"
+
+
+def expert_tensors(tensor: Any) -> Iterator[tuple[str, np.ndarray]]:
+    """`blk.{i}.ffn_{gate,up,down}_exps.weight` ([experts, rows, cols] in numpy order) as one
+    transformers tensor per expert. The reader's data is already [experts, rows, bytes per row]:
+    quantized rows are whole blocks, so an expert's slice is its own blocks."""
+    layer, part = tensor.name.split(".")[1:3]
+    experts, *shape = (int(d) for d in reversed(tensor.shape))
+    for expert in range(experts):
+        name = f"model.layers.{layer}.mlp.experts.{expert}.{EXPERT_NAMES[part]}.weight"
+        yield name, dequantize_data(tensor.data[expert], tensor.tensor_type, tuple(shape))
 
 
 def dequantize(tensor: Any) -> np.ndarray:
     """Any GGUF tensor type the gguf package knows (F32, F16, Q8_0, Q4_1, ...) -> float32,
     shaped [rows, cols] in numpy order (GGUF lists dimensions innermost first)."""
+    return dequantize_data(tensor.data, tensor.tensor_type, tuple(int(d) for d in reversed(tensor.shape)))
+
+
+def dequantize_data(data: np.ndarray, tensor_type: Any, shape: tuple[int, ...]) -> np.ndarray:
     from gguf.quants import dequantize as gguf_dequantize
 
-    shape = tuple(int(d) for d in reversed(tensor.shape))
-    array = gguf_dequantize(tensor.data, tensor.tensor_type)
-    return np.array(array.reshape(shape), dtype=np.float32)  # a private, writable copy
+    return np.array(gguf_dequantize(data, tensor_type).reshape(shape), dtype=np.float32)  # a private, writable copy
 
 
 def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:

@@ -67,9 +67,10 @@ def test_moe_gguf_greedy_equals_transformers(moe_gguf, moe_dir, backend):
     assert_greedy_equals_transformers(moe_gguf, moe_dir, backend)
 
 
-@pytest.mark.parametrize("backend", ["torch", "mlx"])
-def test_dense_qwen3_gguf_greedy_equals_transformers(dense_dir, tmp_path, backend):
-    assert_greedy_equals_transformers(write_gguf(dense_dir, tmp_path / "qwen3.gguf"), dense_dir, backend)
+def test_dense_qwen3_gguf_greedy_equals_transformers(dense_dir, tmp_path):
+    """The writer itself, on the architecture llama.cpp's own files of which load here already
+    (each GGUF load of Qwen's 151,936-token vocabulary takes ~9 s, so one backend)."""
+    assert_greedy_equals_transformers(write_gguf(dense_dir, tmp_path / "qwen3.gguf"), dense_dir, "torch")
 
 
 def test_the_gguf_config_describes_the_same_layers(moe_gguf_checkpoint, moe_dir):
@@ -99,7 +100,7 @@ def test_quantized_experts_come_one_at_a_time_from_their_own_blocks(moe_q8_gguf)
     assert experts["model.layers.0.mlp.experts.3.down_proj.weight"].shape == (hidden, width)
 
 
-@pytest.mark.parametrize("tensor_type, backend", [("Q8_0", "torch"), ("Q8_0", "mlx"), ("Q4_0", "torch")])
+@pytest.mark.parametrize("tensor_type, backend", [("Q8_0", "torch"), ("Q4_0", "mlx")])
 def test_a_quantized_moe_gguf_loads_and_generates(moe_q8_gguf, moe_dir, tmp_path, tensor_type, backend):
     path = moe_q8_gguf if tensor_type == "Q8_0" else write_gguf(moe_dir, tmp_path / "q4_0.gguf", Q4_0)
     llm = LLM(str(path), backend=backend)

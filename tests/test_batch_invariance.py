@@ -15,12 +15,14 @@ PROMPTS = ["Write a short poem about a lighthouse.", "What is the capital of Fra
 STEPS = 24
 
 
-@pytest.fixture(scope="module")
-def llm(smollm2_path):
+@pytest.fixture(scope="module", params=["paged", "audited-paged"])
+def llm(smollm2_path, request):
+    """The built-in paged cache (attended in place by the paged kernel), and a cache the backend
+    does not know (examples/audited-kv-cache: keys gathered, one attention per sequence)."""
     kernels = load_kernels()
     if kernels is None or kernels.isa != "avx512":
         pytest.skip("float32 matmuls are batch-invariant where the AVX-512 kernels run; oneDNN's are not")
-    return LLM(str(smollm2_path), backend="torch")
+    return LLM(str(smollm2_path), backend="torch", kv_cache=request.param)
 
 
 def chat_ids(llm: LLM, prompt: str) -> list[int]:

@@ -31,12 +31,16 @@ class CachedAttention:
             out[step.decode_rows] = step.paged.attend(layer, queries[step.decode_rows], self.scale)
         elif step.decode_rows.numel():
             k, v = cache.read(layer, step.decode_slots)  # [B, L, Hkv, D]: one gather for all decodes
-            q = queries[step.decode_rows].unsqueeze(2)  # [B, H, 1, D]
-            o = F.scaled_dot_product_attention(
-                q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=step.decode_mask,
-                scale=self.scale, enable_gqa=True,
-            )
-            out[step.decode_rows] = o.squeeze(2)
+            q = queries[step.decode_rows]  # [B, H, D]
+            # One attention per sequence over its own keys: padded to the batch's longest, the
+            # kernel splits the keys otherwise and rounds otherwise, and a seeded request's draw
+            # then depends on who else is decoding (conformance check 1 over HTTP).
+            for i, length in enumerate(step.decode_lengths):
+                o = F.scaled_dot_product_attention(
+                    q[i, :, None, :], k[i, :length].transpose(0, 1), v[i, :length].transpose(0, 1),
+                    scale=self.scale, enable_gqa=True,
+                )
+                out[step.decode_rows[i]] = o[:, 0, :]
         for span in step.prefills:
             k, v = cache.read(layer, span.key_slots)  # [L, Hkv, D]
             q = queries[span.rows].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]

@@ -62,10 +62,9 @@ class StepLayout:
         return padded
 
     @cached_property
-    def decode_mask(self) -> torch.Tensor:
-        """[B, 1, 1, Lmax] True where decode_slots holds a real key."""
-        lengths = torch.as_tensor([d.length - d.first for d in self.decodes], dtype=torch.long)
-        return (torch.arange(self.decode_slots.shape[1])[None, :] < lengths[:, None])[:, None, None, :]
+    def decode_lengths(self) -> list[int]:
+        """How many of each row of decode_slots are real keys (the rest is padding)."""
+        return [d.length - d.first for d in self.decodes]
 
 
 def slots_for(block_table, block_size: int, stop: int, first: int = 0) -> torch.Tensor:

@@ -23,12 +23,19 @@ from pydantic import (
 
 from ..chat.messages import Messages
 from ..chat.reasoning.effort import effort_budget, effort_template_kwargs
-from ..chat.tools import ToolChoiceField, Tools
+from ..chat.tools import ToolChoice, ToolChoiceField, Tools
 from ..chat.validation import Body, Integer, integer, parse_json_object, validate
 from ..errors import InvalidRequest
 from ..sampling.defaults import SamplingDefaults
-from ..sampling.params import SamplingParams, StructuredOutput
-from .structured import ResponseFormat, ResponseFormatField, StructuredOutputs, gbnf_constraint, one_constraint
+from ..sampling.params import SamplingParams
+from .structured import (
+    ResponseFormat,
+    ResponseFormatField,
+    StructuredOutputs,
+    gbnf_constraint,
+    one_constraint,
+    structured_output,
+)
 from .turn import ChatTurn
 
 MAX_N = 128  # OpenAI's limit; whether n choices fit the KV pool is the engine's check
@@ -229,9 +236,9 @@ class CompletionRequest(SamplingFields):
             raise InvalidRequest("other than n is not supported", param="best_of")
         self._set_params(self.max_tokens, self.logprobs, info)
         self._set_constraint()
-        if self.constraint is not None:
-            c = self.constraint
-            self._params = replace(self._params, structured=StructuredOutput(c.kind, c.schema, field=c.field))
+        structured = structured_output(self.constraint, ToolChoice(), (), after_token_id=None)
+        if structured is not None:
+            self._params = replace(self._params, structured=structured)
         return self
 
 

@@ -102,11 +102,8 @@ class SparseMoELayer:
     token picked once, on all of its tokens' rows together."""
 
     def __init__(self, kind: SparseMoE, weights: LayerWeights) -> None:
-        router = f"{weights.prefix}.{kind.prefix}.{kind.router}.weight"
-        hidden = weights.tensors.shape(router)[-1]
-        weights.tensors.check_shapes({f"{weights.prefix}.{name}": shape for name, shape in kind.shapes(hidden).items()})
         self.kind = kind
-        self.router = weights.tensors.take(router).astype(mx.float32)
+        self.router = weights.tensors.take_router(weights.prefix, kind).astype(mx.float32)
         self.experts = [DenseMLPLayer(DenseMLP(), weights, f"{kind.prefix}.{kind.expert(e)}")
                         for e in range(kind.num_experts)]
 

@@ -116,11 +116,8 @@ class SparseMoELayer:
     memory once per step however many tokens chose it."""
 
     def __init__(self, kind: SparseMoE, weights: LayerWeights) -> None:
-        router = f"{weights.prefix}.{kind.prefix}.{kind.router}.weight"
-        hidden = weights.tensors.shape(router)[-1]
-        weights.tensors.check_shapes({f"{weights.prefix}.{name}": shape for name, shape in kind.shapes(hidden).items()})
         self.kind = kind
-        self.router = weights.tensors.take(router).float()
+        self.router = weights.tensors.take_router(weights.prefix, kind).float()
         self.experts = [SwiGLU(weights, f"{kind.prefix}.{kind.expert(e)}") for e in range(kind.num_experts)]
 
     def linears(self) -> list:

@@ -54,6 +54,14 @@ class TensorsByName:
             if self.shape(name) != shape:
                 raise ModelLoadError(f"tensor {name!r} has shape {list(self.shape(name))}; config.json says {list(shape)}")
 
+    def take_router(self, layer_prefix: str, kind: Any) -> Any:
+        """A mixture of experts' router, once every weight of the layer kind (``SparseMoE``) has
+        the shape config.json gives it; the router's columns give the hidden size."""
+        router = f"{layer_prefix}.{kind.prefix}.{kind.router}.weight"
+        shapes = kind.shapes(self.shape(router)[-1])
+        self.check_shapes({f"{layer_prefix}.{name}": shape for name, shape in shapes.items()})
+        return self.take(router)
+
     def take_if_present(self, name: str) -> Any | None:
         return self._tensors.pop(name, None)
 

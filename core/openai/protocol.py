@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     Discriminator,
     Field,
     PrivateAttr,
@@ -59,6 +60,13 @@ def _in_vocabulary(ids: list[int], info: ValidationInfo) -> list[int]:
 TokenId = Annotated[Integer, WithJsonSchema(TOKEN_ID)]
 TokenIds = Annotated[list[TokenId], AfterValidator(_in_vocabulary)]
 SomeTokenIds = Annotated[list[TokenId], Field(min_length=1), AfterValidator(_in_vocabulary)]
+
+
+def _a_bool(value: Any) -> Any:
+    """A Literal[False] field in strict mode still takes 0 and 0.0 (they equal False): not here."""
+    if not isinstance(value, bool):
+        raise InvalidRequest("must be a boolean")
+    return value
 
 
 def _bias_by_token(bias: dict[str, float], info: ValidationInfo) -> dict[int, float]:
@@ -227,7 +235,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: integer(ge=1) = Field(16, description=DEFAULT_FITS)
     logprobs: integer(ge=0, le=20) | None = None
     best_of: integer(ge=1) | None = Field(None, description="only equal to n")
-    echo: Literal[False] = Field(False, description="not supported")
+    echo: Annotated[Literal[False], BeforeValidator(_a_bool)] = Field(False, description="not supported")
     suffix: Literal[""] = Field("", description="not supported")
 
     @model_validator(mode="after")

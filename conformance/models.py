@@ -91,6 +91,39 @@ def make_random_checkpoint(directory: Path, model_type: str, geometry: Qwen3Geom
     return directory
 
 
+def make_qwen3_embedding_checkpoint(directory: Path, geometry: Qwen3Geometry = Qwen3Geometry(), seed: int = 0,
+                                    matryoshka: bool = True) -> Path:
+    """A random checkpoint laid out as Qwen3-Embedding's: the bare decoder (Qwen3Model) saved by
+    transformers, so no head and no "model." in its tensor names, with config.json naming
+    Qwen3ForCausalLM all the same, and sentence-transformers' files saying it pools the last
+    token. With matryoshka, config.json says it may be cut to fewer dimensions."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    directory = Path(directory)
+    make_random_checkpoint(directory, "qwen3", geometry, seed)  # the tokenizer and template beside it
+    config = AutoConfig.for_model("qwen3", **asdict(geometry), bos_token_id=ENDOFTEXT, eos_token_id=ENDOFTEXT,
+                                  pad_token_id=ENDOFTEXT, initializer_range=0.2, torch_dtype="float32")
+    torch.manual_seed(seed)
+    for stale in directory.glob("*.safetensors"):
+        stale.unlink()
+    AutoModel.from_config(config).eval().save_pretrained(directory, safe_serialization=True)
+    written = json.loads((directory / "config.json").read_text())
+    written["architectures"] = ["Qwen3ForCausalLM"]
+    if matryoshka:
+        written["is_matryoshka"] = True
+    (directory / "config.json").write_text(json.dumps(written, indent=1))
+    (directory / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (directory / "1_Pooling").mkdir(exist_ok=True)
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": geometry.hidden_size, "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False, "pooling_mode_lasttoken": True}))
+    return directory
+
+
 @dataclass(frozen=True)
 class MoeRouting:
     """How a random Qwen3-MoE checkpoint routes: its experts, how many each token runs, whether the

@@ -9,6 +9,7 @@ from .models.config import ModelConfig
 
 BATCHING_MODES = ("continuous", "static")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+TASKS = ("generate", "embed", "rerank")  # what the engine serves (qwen_serve.pooling.task picks one)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class EngineConfig:
     kv_dtype: str | None = None  # KV storage dtype: None = the weights' dtype, "auto" = the backend's choice
     speculative: str | None = None  # a registered proposer (e.g. "ngram"): speculative decoding on
     num_speculative_tokens: int = 4  # proposals verified per sequence per step, at most
+    task: str = "generate"  # or "embed" / "rerank": prefill-only requests that return hidden states or scores
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -50,6 +52,8 @@ class EngineConfig:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                              f"got {self.scheduling_policy!r}")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.step_budget < self.max_batch:
             raise ValueError("step_budget must be at least max_batch so every decode gets a token")
 

@@ -2,14 +2,14 @@
 weights, names and maths as the torch backend; the layer kinds live in decoder_layer.py."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
 from qwen_serve.errors import ModelLoadError
 from qwen_serve.models.built_layer import skipped_expert_bytes
 from qwen_serve.models.config import ModelConfig
-from qwen_serve.models.weights import EMBEDDING, FINAL_NORM, LM_HEAD, TensorsByName, layer_prefix
+from qwen_serve.models.weights import EMBEDDING, FINAL_NORM, TensorsByName, language_model_head, layer_prefix
 from qwen_serve.protocols import KVCache, SlidingWindow, StepBatch
 
 from .attention import CachedAttention
@@ -33,10 +33,7 @@ class DecoderModel:
         # The embedding is a weight of the same shape as the head, built the same way (as int8
         # under quant "int4"): with tied embeddings the lookup and the head read one array.
         self.embedding = make_linear(tensors.take(EMBEDDING), None)
-        head = tensors.take_if_present(LM_HEAD)
-        if head is None and not c.tie_word_embeddings:
-            raise ModelLoadError(f"checkpoint lacks {LM_HEAD} and does not tie embeddings")
-        self.lm_head = self.embedding if head is None else make_linear(head, None)
+        self.lm_head = language_model_head(c, tensors, self.embedding, make_linear)
         tensors.check_all_taken()
         self.attention = CachedAttention(scale=c.head_dim ** -0.5)
         # Materialize here: MLX cannot evaluate an array whose pending ops were recorded on
@@ -61,12 +58,24 @@ class DecoderModel:
 
     def _linears(self) -> list[Linear]:
         every = [self.embedding, self.lm_head] + [linear for layer in self.layers for linear in layer.linears()]
-        return list({id(x): x for x in every}.values())  # a tied head counts once
+        return list({id(x): x for x in every if x is not None}.values())  # a tied head counts once
 
     def _norms(self) -> list[mx.array]:
         return [self.norm] + [t for layer in self.layers for t in layer.norms()]
 
     def execute(self, batch: StepBatch, cache: KVCache) -> mx.array:
+        logits = self.lm_head(self._final_hidden(batch, cache))
+        mx.eval(logits)
+        return logits
+
+    def pool(self, batch: StepBatch, cache: KVCache, logit_ids: Sequence[int] | None) -> np.ndarray:
+        """Pools: the final hidden rows, or the head's logits of logit_ids only."""
+        hidden = self._final_hidden(batch, cache)
+        rows = hidden if logit_ids is None else self.lm_head(hidden)[:, mx.array(list(logit_ids))]
+        return self.to_numpy(rows)
+
+    def _final_hidden(self, batch: StepBatch, cache: KVCache) -> mx.array:
+        """The final norm's output at the sampled positions."""
         sliding = cache if isinstance(cache, SlidingWindow) else None
         step = build_layout(batch, cache.block_size, cache.block_table, sliding)
         eps = self.config.rms_norm_eps
@@ -75,7 +84,4 @@ class DecoderModel:
             x = mx.fast.rms_norm(hidden, layer.input_norm, eps)
             hidden = hidden + layer.mixer(index, x, cache, step, self.config, self.attention)
             hidden = hidden + layer.mlp(mx.fast.rms_norm(hidden, layer.post_norm, eps))
-        last = mx.fast.rms_norm(hidden[step.sample_rows], self.norm, eps)
-        logits = self.lm_head(last)
-        mx.eval(logits)
-        return logits
+        return mx.fast.rms_norm(hidden[step.sample_rows], self.norm, eps)

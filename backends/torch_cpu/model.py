@@ -4,13 +4,16 @@ embedding, the decoder layers in the order the description lists their kinds
 """
 from __future__ import annotations
 
+from typing import Sequence
+
+import numpy as np
 import torch
 
 from qwen_serve.errors import ModelLoadError
 from qwen_serve.heap import return_free_heap
 from qwen_serve.models.built_layer import skipped_expert_bytes
 from qwen_serve.models.config import ModelConfig
-from qwen_serve.models.weights import EMBEDDING, FINAL_NORM, LM_HEAD, TensorsByName, layer_prefix
+from qwen_serve.models.weights import EMBEDDING, FINAL_NORM, TensorsByName, language_model_head, layer_prefix
 from qwen_serve.protocols import KVCache, StepBatch
 
 from .attention import CachedAttention
@@ -38,10 +41,7 @@ class DecoderModel:
         self.layers = [build_layer(description, LayerWeights(tensors, layer_prefix(i), make_linear))
                        for i, description in enumerate(c.layers)]
         self.norm = tensors.take(FINAL_NORM).float()
-        head = tensors.take_if_present(LM_HEAD)
-        if head is None and not c.tie_word_embeddings:
-            raise ModelLoadError(f"checkpoint lacks {LM_HEAD} and does not tie embeddings")
-        self.lm_head = self.embed if head is None else make_linear(head, None)
+        self.lm_head = language_model_head(c, tensors, self.embed, make_linear)
         tensors.check_all_taken()
         self.kernels = kernels = load_kernels()
         if isinstance(self.lm_head, DenseLinear):
@@ -73,7 +73,7 @@ class DecoderModel:
         """Every weight-holding layer once: the embedding, the head (a tied head is the same
         object) and each decoder layer's projections."""
         every = [self.embed, self.lm_head] + [linear for layer in self.layers for linear in layer.linears()]
-        return list({id(linear): linear for linear in every}.values())
+        return list({id(linear): linear for linear in every if linear is not None}.values())
 
     def kernel_table(self) -> list[str]:
         """KernelReport: the timings each quantized projection's paths were chosen from."""
@@ -90,6 +90,17 @@ class DecoderModel:
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
+        return self.lm_head(self._final_hidden(batch, cache))
+
+    @torch.inference_mode()
+    def pool(self, batch: StepBatch, cache: KVCache, logit_ids: Sequence[int] | None) -> np.ndarray:
+        """Pools: the final hidden rows, or the head's logits of logit_ids only."""
+        hidden = self._final_hidden(batch, cache)
+        rows = hidden if logit_ids is None else self.lm_head(hidden)[:, list(logit_ids)]
+        return rows.float().numpy()
+
+    def _final_hidden(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
+        """The final norm's output at the sampled positions."""
         step = build_layout(batch, cache)
         step.paged = paged_decode_layout(step, cache, self.kernels)
         token_ids = torch.as_tensor([t for c in batch.chunks for t in c.token_ids], dtype=torch.long)
@@ -105,7 +116,7 @@ class DecoderModel:
             last = hidden + mlp
         else:
             last = hidden.index_select(0, step.sample_rows) + mlp.index_select(0, step.sample_rows)
-        return self.lm_head(ops.rms_norm(last, self.norm, eps))
+        return ops.rms_norm(last, self.norm, eps)
 
     def _layers(self, hidden: torch.Tensor, x: torch.Tensor, cos, sin, cache: KVCache,
                 step: StepLayout) -> tuple[torch.Tensor, torch.Tensor]:

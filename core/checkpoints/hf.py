@@ -24,6 +24,9 @@ def load_hf_dir(path: Path) -> Checkpoint:
         eos = generation_config.get("eos_token_id")
         config = config.with_eos(tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)))
         config = dataclasses.replace(config, sampling_defaults=SamplingDefaults.from_generation_config(generation_config))
+    pooling = sentence_transformers_pooling(path)
+    if pooling is not None:
+        config = dataclasses.replace(config, pooling=pooling)
     tokenizer = load_hf_tokenizer(path)
     files = _safetensors_files(path)
 
@@ -31,9 +34,35 @@ def load_hf_dir(path: Path) -> Checkpoint:
         for file in files:
             with safe_open(file, framework=framework) as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name)
+                    yield with_model_prefix(name), f.get_tensor(name)
 
     return Checkpoint(path=path, format="hf", config=config, tokenizer=tokenizer, _tensors=tensors)
+
+
+BARE_DECODER_NAMES = ("embed_tokens.", "layers.", "norm.")  # a decoder saved without its head's wrapper
+
+
+def with_model_prefix(name: str) -> str:
+    """transformers' causal-LM name of a tensor: embedding models (Qwen3-Embedding) are saved from
+    the bare decoder, whose tensors lack the "model." their causal LM gives them."""
+    return "model." + name if name.startswith(BARE_DECODER_NAMES) else name
+
+
+def sentence_transformers_pooling(path: Path) -> str | None:
+    """How a sentence-transformers checkpoint pools ("last", "mean", "cls", ...), from the
+    Pooling module modules.json lists; None when it is not one."""
+    modules = path / "modules.json"
+    if not modules.exists():
+        return None
+    entries = read_json(modules)
+    folder = next((m.get("path", "") for m in entries if isinstance(m, dict)
+                   and str(m.get("type", "")).endswith("Pooling")), None) if isinstance(entries, list) else None
+    if folder is None or not (path / folder / "config.json").exists():
+        return None
+    settings = read_json(path / folder / "config.json")
+    modes = [key.removeprefix("pooling_mode_") for key, on in settings.items() if key.startswith("pooling_mode_") and on]
+    names = {"lasttoken": "last", "mean_tokens": "mean", "cls_token": "cls", "max_tokens": "max"}
+    return "+".join(names.get(mode, mode) for mode in modes) or None
 
 
 def load_hf_tokenizer(path: Path) -> Tokenizer:

@@ -21,6 +21,7 @@ from ray.serve.exceptions import RayServeException, ReplicaUnavailableError
 from ..engine.async_engine import EngineFailure
 from ..engine.engine import Engine, RequestOutput
 from ..engine.stats import EngineSnapshot
+from ..errors import InvalidRequest
 from ..kv.block_hash import chain_hashes
 from ..sampling.params import SamplingParams
 from .messages import EngineRequest
@@ -50,6 +51,12 @@ class RayEngineClient:
         block_size = self.engine.config.block_size
         hashes = tuple(chain_hashes(checked, block_size, len(checked) // block_size))
         return self._stream(EngineRequest(request_id, tuple(checked), params, 0.0, hashes, priority), arrival_time)
+
+    def pool(self, request_id: str, prompt: Sequence[int], arrival_time: float) -> AsyncGenerator[RequestOutput, None]:
+        """Embedding and reranking replicas are not deployed through Ray (the ingress's engine
+        generates, so its check refuses first)."""
+        self.engine.check_pooling(prompt)
+        raise InvalidRequest("the Ray ingress serves text generation only")
 
     async def _stream(self, request: EngineRequest, arrival_time: float) -> AsyncGenerator[RequestOutput, None]:
         for attempt in range(self.retries + 1):

@@ -23,7 +23,7 @@ from typing import AsyncGenerator, Callable, Sequence
 from ..errors import FatalEngineError
 from ..heap import return_free_heap
 from ..sampling.params import SamplingParams
-from .engine import Engine, RequestOutput
+from .engine import POOLING, Engine, RequestOutput
 from .sequence import Sequence as EngineSequence
 from .stats import EngineSnapshot, RequestObserver, RequestRecord, ThroughputWindow
 
@@ -66,6 +66,7 @@ class _Add:
     arrival_time: float
     priority: int
     deliver: Callable[[RequestOutput | Exception], None]
+    pooling: bool = False  # an input to embed or score (Engine.add_pooling)
 
 
 @dataclass
@@ -131,12 +132,17 @@ class AsyncEngine:
         self.engine.check_priority(priority)
         return self._stream(request_id, checked, params, arrival_time, priority)
 
+    def pool(self, request_id: str, prompt: Sequence[int], arrival_time: float) -> AsyncGenerator[RequestOutput, None]:
+        """``generate`` for an input to embed or score: one output, its ``pooled`` row."""
+        checked = self.engine.check_pooling(prompt)
+        return self._stream(request_id, checked, POOLING, arrival_time, 0, pooling=True)
+
     def abort_all(self, reason: str) -> None:
         """End every open request with ShuttingDown(reason) (the end of a drain)."""
         self._send(_AbortAll(reason))
 
-    async def _stream(self, request_id: str, prompt: list[int], params: SamplingParams,
-                      arrival_time: float, priority: int) -> AsyncGenerator[RequestOutput, None]:
+    async def _stream(self, request_id: str, prompt: list[int], params: SamplingParams, arrival_time: float,
+                      priority: int, pooling: bool = False) -> AsyncGenerator[RequestOutput, None]:
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
 
@@ -146,7 +152,7 @@ class AsyncEngine:
             except RuntimeError:  # the event loop has closed: nobody waits for this any more
                 pass
 
-        self._send(_Add(request_id, prompt, params, arrival_time, priority, deliver))
+        self._send(_Add(request_id, prompt, params, arrival_time, priority, deliver, pooling))
         finished = False
         unfinished_choices = params.n
         try:
@@ -261,8 +267,11 @@ class AsyncEngine:
                 self._fail_all(ShuttingDown(command.reason), "shutdown")
             else:
                 try:
-                    seq = self.engine.add_request(command.request_id, command.prompt, command.params,
-                                                  command.arrival_time, command.priority)
+                    if command.pooling:
+                        seq = self.engine.add_pooling(command.request_id, command.prompt, command.arrival_time)
+                    else:
+                        seq = self.engine.add_request(command.request_id, command.prompt, command.params,
+                                                      command.arrival_time, command.priority)
                 except Exception as exc:
                     command.deliver(exc)
                     continue

@@ -14,6 +14,7 @@ from ..config import EngineConfig
 from ..heap import available_bytes
 from ..kv.window import check_attention_window, with_declared_window
 from ..models.config import ModelConfig
+from ..pooling.task import resolve_task
 from ..protocols import Backend, Calibratable, ChoosesKVDtype, KVCache, KVStorage, ModelExecutor
 from ..quant.calibration import (
     calibration_token_lists,
@@ -52,10 +53,13 @@ def build_engine(
     env: Mapping[str, str] | None = None,
     registry: Registry | None = None,
     calibrate: bool = True,
+    task: str = "auto",
     **engine_options: Any,
 ) -> EngineParts:
     """With a quant other than "none" and ``calibrate``, the float model first reads the
-    calibration text (qwen_serve.quant.calibration) if its backend can watch its projections."""
+    calibration text (qwen_serve.quant.calibration) if its backend can watch its projections.
+    task: generate, embed or rerank; auto follows the checkpoint (qwen_serve.pooling.task). An
+    embedding model is built without its language-model head."""
     # Resolve every name before loading weights, so a typo fails in milliseconds.
     registry = registry or load_registry(env)
     config = EngineConfig(**engine_options)
@@ -66,7 +70,9 @@ def build_engine(
     kv_dtype, kv_dtype_reason = choose_kv_dtype(compute, dtype, config.kv_dtype)
     config = replace(config, kv_dtype=kv_dtype)
     checkpoint = load_checkpoint(model if model is not None else default_model_path())
-    config = with_declared_window(checkpoint.config, config)
+    config = replace(with_declared_window(checkpoint.config, config), task=resolve_task(task, checkpoint.config))
+    if config.task == "embed":
+        checkpoint.config = replace(checkpoint.config, head=False)
 
     def new_storage(config: EngineConfig) -> KVStorage:  # the one the cache asks for (e.g. int8)
         return registry.create_kv_storage(kv_cache, compute, checkpoint.config, config.kv_dtype, config.block_size,
@@ -142,8 +148,12 @@ def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, cac
     storage = new_storage(config) if new_storage is not None else compute.create_kv_storage(
         checkpoint.config, dtype, config.block_size, config.slab_blocks, config.kv_blocks)
     engine = Engine(executor, cache_factory(storage, config), compute.create_sampler(), checkpoint.tokenizer, config)
-    requests = [(f"calibration-{i}", tokens, SamplingParams(max_tokens=1, temperature=0.0))
-                for i, tokens in enumerate(token_lists)]
-    importance = record_input_importance(executor, lambda: engine.run(requests))
+    if config.task == "generate":
+        requests = [(f"calibration-{i}", tokens, SamplingParams(max_tokens=1, temperature=0.0))
+                    for i, tokens in enumerate(token_lists)]
+        importance = record_input_importance(executor, lambda: engine.run(requests))
+    else:  # an embedding or reranking engine only prefills
+        inputs = [(f"calibration-{i}", tokens) for i, tokens in enumerate(token_lists)]
+        importance = record_input_importance(executor, lambda: engine.run_pooling(inputs))
     save_importance(key, importance)
     return importance

@@ -19,12 +19,16 @@ class RequestChecks(Protocol):
 
     model_config: ModelConfig
     max_seq_len: int
+    task: str  # generate, embed or rerank
 
     def check_request(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> list[int]:
         """The prompt as ints; raises InvalidRequest for a request the engine would refuse."""
 
     def check_priority(self, priority: int) -> None:
         """Raises InvalidRequest for a priority the scheduling policy does not take."""
+
+    def check_pooling(self, prompt_token_ids: Sequence[int]) -> list[int]:
+        """check_request for an input to embed or score (InvalidRequest on a generating engine)."""
 
 
 class EngineClient(Protocol):
@@ -37,6 +41,9 @@ class EngineClient(Protocol):
                  arrival_time: float, priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
         """Validates now (InvalidRequest before anything is queued or sent), then yields the
         request's outputs; closing the generator early aborts the request."""
+
+    def pool(self, request_id: str, prompt: Sequence[int], arrival_time: float) -> AsyncGenerator[RequestOutput, None]:
+        """An input to embed or score: validated now, then its one output (``pooled``)."""
 
     def is_alive(self) -> bool:
         """False once the engine can serve nothing more (/health then says "dead")."""

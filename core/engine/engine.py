@@ -6,15 +6,28 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any, Iterable
 from typing import Sequence as Seq
 
 from ..checkpoints.tokenizer import Tokenizer
 from ..config import EngineConfig
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, ModelLoadError
 from ..logits.pipeline import LogitsPipeline
 from ..logits.plugin import builtin_logits_processors
 from ..models.config import ModelConfig
-from ..protocols import Forking, KVCache, LogitsProcessor, ModelExecutor, PrefixCaching, Proposer, Rewinding, Sampler
+from ..pooling.reranker import verdict_token_ids
+from ..protocols import (
+    Forking,
+    KVCache,
+    LogitsProcessor,
+    ModelExecutor,
+    Pools,
+    PrefixCaching,
+    Proposer,
+    Rewinding,
+    Sampler,
+    StepBatch,
+)
 from ..sampling.params import SamplingParams
 from . import verification
 from .choices import blocks_for_choices
@@ -26,6 +39,7 @@ from .stats import EngineStats
 from .step_sampler import StepSampler
 
 log = logging.getLogger("qwen_serve.engine")
+POOLING = SamplingParams(max_tokens=1, temperature=0.0)  # a pooling sequence's: room for its prompt, nothing sampled
 
 
 @dataclass
@@ -41,6 +55,7 @@ class RequestOutput:
     index: int = 0  # which of the request's n choices (SamplingParams.n) this output belongs to
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (set on the final output)
     stop_reason: str | int | None = None  # what ended a "stop": the stop string or stop token id (None: EOS)
+    pooled: Any = None  # a pooling request's result: a float32 numpy row (hidden state, or the scored logits)
 
 
 class Engine:
@@ -79,6 +94,11 @@ class Engine:
         self.logits = LogitsPipeline(logits_processors)
         self.step_sampler = StepSampler(sampler, self.logits)
         self.sequences: dict[str, list[Sequence]] = {}  # request id -> its choices, until all finish
+        self.task = config.task
+        if self.task != "generate" and not isinstance(executor, Pools):
+            raise ModelLoadError(f"--task {self.task} needs an executor that pools; {type(executor).__name__} does not")
+        # what a pooling step reads: the hidden state (embed), or a reranker's "no"/"yes" logits
+        self.pooled_logit_ids = verdict_token_ids(tokenizer) if self.task == "rerank" else None
         self.stats = EngineStats()
         self._seq_ids = itertools.count()
         self._seed_source = random.Random(config.seed)
@@ -86,12 +106,9 @@ class Engine:
     # --- requests -----------------------------------------------------------------------
     def check_request(self, prompt_token_ids: Seq[int], params: SamplingParams) -> list[int]:
         """Validate a request without touching engine state (safe from any thread)."""
-        prompt = [int(t) for t in prompt_token_ids]
-        if not prompt:
-            raise InvalidRequest("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        if any(t < 0 or t >= vocab for t in prompt):
-            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})")
+        if self.task != "generate":
+            raise InvalidRequest(f"this server runs --task {self.task}: it does not generate text")
+        prompt = self._checked_tokens(prompt_token_ids)
         total = len(prompt) + params.max_tokens
         if total > self.max_seq_len or not self.cache.can_fit(total):
             raise InvalidRequest(
@@ -106,6 +123,25 @@ class Engine:
                     f"need {blocks} KV blocks of {self.cache.block_size} tokens, more than the pool holds",
                     param="n")
         self.logits.validate(params)
+        return prompt
+
+    def check_pooling(self, prompt_token_ids: Seq[int]) -> list[int]:
+        """Validate an input to embed or score, as check_request does a prompt."""
+        if self.task == "generate":
+            raise InvalidRequest("this server generates text (--task generate); embeddings and scores need a "
+                                 "server started with --task embed or --task rerank")
+        prompt = self._checked_tokens(prompt_token_ids)
+        if len(prompt) > self.max_seq_len or not self.cache.can_fit(len(prompt) + 1):
+            raise InvalidRequest(f"the input ({len(prompt)} tokens) exceeds the maximum of {self.max_seq_len} tokens")
+        return prompt
+
+    def _checked_tokens(self, token_ids: Seq[int]) -> list[int]:
+        prompt = [int(t) for t in token_ids]
+        if not prompt:
+            raise InvalidRequest("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(t < 0 or t >= vocab for t in prompt):
+            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})")
         return prompt
 
     def check_priority(self, priority: int) -> None:
@@ -158,13 +194,37 @@ class Engine:
         self.stats.requests_total += 1
         return choices
 
+    def add_pooling(self, request_id: str, prompt_token_ids: Seq[int], arrival_time: float | None = None) -> Sequence:
+        """Queue an input to embed or score: it is prefilled like any prompt (chunked, batched,
+        prefix hits used and published) and retires after its last chunk with the pooled row
+        (RequestOutput.pooled); its blocks go back to the pool then."""
+        prompt = self.check_pooling(prompt_token_ids)
+        if request_id in self.sequences:
+            raise InvalidRequest(f"request id {request_id!r} is already running")
+        seq = Sequence(seq_id=next(self._seq_ids), request_id=request_id, prompt_token_ids=prompt,
+                       params=POOLING, generator=None,
+                       detokenizer=IncrementalDetokenizer(self.tokenizer.decode, (), 0))
+        if arrival_time is not None:
+            seq.arrival_time = arrival_time
+        self.sequences[request_id] = [seq]
+        self.scheduler.add(seq)
+        self.stats.requests_total += 1
+        return seq
+
     def run(self, requests: Seq[tuple[str, Seq[int], SamplingParams]]) -> list[Sequence]:
         """Add the requests and step until all of them finish (the offline, blocking path). On
         an error the ones still running are aborted, so their KV blocks go back to the pool."""
+        return self._run_to_end(self.add_choices(request_id, tokens, params) for request_id, tokens, params in requests)
+
+    def run_pooling(self, requests: Seq[tuple[str, Seq[int]]]) -> list[Sequence]:
+        """``run`` for inputs to embed or score: each sequence's ``pooled`` row once all are done."""
+        return self._run_to_end([self.add_pooling(request_id, tokens)] for request_id, tokens in requests)
+
+    def _run_to_end(self, additions: Iterable[list[Sequence]]) -> list[Sequence]:
         seqs: list[Sequence] = []
         try:
-            for request_id, tokens, params in requests:
-                seqs.extend(self.add_choices(request_id, tokens, params))
+            for added in additions:
+                seqs.extend(added)
             while any(not s.is_finished for s in seqs):
                 self.step()
         finally:
@@ -191,6 +251,8 @@ class Engine:
         batch = self.scheduler.schedule()
         if not batch.chunks:
             return []
+        if self.task != "generate":
+            return self._pooling_step(batch)
         logits = self.executor.execute(batch, self.cache)
         by_id = {s.seq_id: s for s in self.scheduler.running}
         sampled_chunks = [c for c in batch.chunks if c.sample]
@@ -200,19 +262,7 @@ class Engine:
         else:
             tokens, logprobs = self.step_sampler.sample(logits, sampled)
             drawn = [([t], [lp]) for t, lp in zip(tokens, logprobs)]
-        self.stats.steps_total += 1
-
-        for chunk in batch.chunks:
-            seq = by_id[chunk.seq_id]
-            computed = len(chunk.token_ids) - chunk.num_draft  # drafts count once kept
-            seq.num_computed += computed
-            if seq.num_computed <= len(seq.prompt_token_ids):
-                self.stats.prefill_tokens_total += computed
-            else:
-                self.stats.decode_tokens_total += computed
-            if isinstance(self.cache, PrefixCaching):
-                self.cache.publish(seq.seq_id, seq.token_ids(), seq.num_computed)
-
+        self._advance(batch, by_id)
         outputs = []
         now = time.monotonic()
         row = 0
@@ -224,6 +274,34 @@ class Engine:
                 continue
             outputs.append(self._postprocess(seq, tokens[0], logprobs[0], now))
             outputs.extend(self._postprocess(child, t, c_lp, now) for child, t, c_lp in forked)
+        return outputs
+
+    def _advance(self, batch: StepBatch, by_id: dict[int, Sequence]) -> None:
+        """The step's chunks are computed: count them and publish their full blocks."""
+        self.stats.steps_total += 1
+        for chunk in batch.chunks:
+            seq = by_id[chunk.seq_id]
+            computed = len(chunk.token_ids) - chunk.num_draft  # drafts count once kept
+            seq.num_computed += computed
+            if seq.num_computed <= len(seq.prompt_token_ids):
+                self.stats.prefill_tokens_total += computed
+            else:
+                self.stats.decode_tokens_total += computed
+            if isinstance(self.cache, PrefixCaching):
+                self.cache.publish(seq.seq_id, seq.token_ids(), seq.num_computed)
+
+    def _pooling_step(self, batch: StepBatch) -> list[RequestOutput]:
+        """Prefill chunks only; a sequence whose last chunk ran retires with its pooled row."""
+        rows = self.executor.pool(batch, self.cache, self.pooled_logit_ids)
+        by_id = {s.seq_id: s for s in self.scheduler.running}
+        self._advance(batch, by_id)
+        outputs = []
+        for chunk, row in zip([c for c in batch.chunks if c.sample], rows):
+            seq = by_id[chunk.seq_id]
+            seq.pooled = row
+            self._retire(seq, "stop")
+            outputs.append(RequestOutput(seq.request_id, [], "", True, "stop",
+                                         num_cached_tokens=seq.num_cached_prompt_tokens, pooled=row))
         return outputs
 
     def _postprocess_verified(self, seq: Sequence, num_draft: int, tokens: list[int | None], now: float) -> RequestOutput:

@@ -1,4 +1,5 @@
-"""The offline, vLLM-shaped Python API: LLM(...).generate / .chat.
+"""The offline, vLLM-shaped Python API: LLM(...).generate / .chat (and .embed / .score with task
+"embed" / "rerank").
 
 ``chat`` renders and parses through the same ChatFormat as the HTTP server
 (qwen_serve.chat.format): tools and template arguments reach the template, and each
@@ -16,6 +17,8 @@ from ..sampling.params import SamplingParams
 from .builder import EngineParts, build_engine
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..chat.format import ChatFormat
     from ..chat.output_parser import ChatMessage
 
@@ -93,6 +96,30 @@ class LLM:
         for out in outputs:
             out.message = self.chat_format.output_parser(by_prompt[tuple(out.prompt_token_ids)]).parse(out.text)
         return outputs
+
+    def embed(self, inputs: Sequence[str | Sequence[int]] | str, dimensions: int | None = None) -> list["np.ndarray"]:
+        """An engine built with task="embed": each input's embedding (the last token's final hidden
+        state, L2-normalised; cut to ``dimensions`` first, for a model trained for it), as
+        /v1/embeddings returns it. Texts are tokenized with the tokenizer's special tokens."""
+        from ..pooling.vectors import checked_dimensions, normalized
+
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        width = checked_dimensions(dimensions, self.config)
+        seqs = self._pool([self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in inputs])
+        return [normalized(s.pooled, width) for s in seqs]
+
+    def score(self, query: str, documents: Sequence[str], instruction: str | None = None) -> list[float]:
+        """An engine built with task="rerank": each document's relevance to the query (Qwen3-Reranker's
+        P(yes)), as /v1/score returns it."""
+        from ..pooling.reranker import RerankPrompt, relevance
+
+        prompt = RerankPrompt(self.tokenizer)
+        seqs = self._pool([prompt.tokens(query, document, instruction) for document in documents])
+        return [relevance(s.pooled) for s in seqs]
+
+    def _pool(self, token_lists: list[list[int]]) -> list:
+        return self.engine.run_pooling([(f"offline-{next(self._ids)}", tokens) for tokens in token_lists])
 
     def _run(self, token_lists: list[list[int]],
              params: SamplingParams | Sequence[SamplingParams]) -> list[CompletionOutput]:

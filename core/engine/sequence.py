@@ -38,6 +38,7 @@ class Sequence:
     index: int = 0  # which of the request's n choices this is
     forks: list["Sequence"] = field(default_factory=list)  # choices that fork this one's prompt once it is computed
     logits_states: list[Any] = field(default_factory=list)  # the logits processors' states (qwen_serve.logits)
+    pooled: Any = None  # an input to embed or score (Engine.add_pooling): its row, once finished
 
     @property
     def num_tokens(self) -> int:

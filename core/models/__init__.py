@@ -3,6 +3,7 @@ weights and its decoder layers as a sequence of layer kinds (layers.py); each ba
 every layer kind once and builds any architecture from this description."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..errors import ModelLoadError
@@ -30,6 +31,13 @@ def architecture_for_gguf(gguf_name: str | None) -> Architecture:
 
 
 def model_config_from_hf(cfg: dict[str, Any], name: str = "model") -> ModelConfig:
-    """config.json -> ModelConfig, read by the architecture it names."""
-    archs = cfg.get("architectures") or [""]
-    return read_model_config(architecture_named(archs[0]), cfg, name)
+    """config.json -> ModelConfig, read by the architecture it names. A bare decoder's name
+    ("Qwen3Model": the layers without a head, as embedding models are saved) reads as its causal
+    LM's and pools the last token, as vLLM takes such names."""
+    arch = (cfg.get("architectures") or [""])[0]
+    bare = arch.endswith("Model") and arch.removesuffix("Model") + "ForCausalLM" in ARCHITECTURES
+    config = read_model_config(architecture_named(arch.removesuffix("Model") + "ForCausalLM" if bare else arch), cfg, name)
+    matryoshka = cfg.get("matryoshka_dimensions")
+    if matryoshka is not None or cfg.get("is_matryoshka"):
+        config = dataclasses.replace(config, matryoshka_dimensions=tuple(int(d) for d in matryoshka or ()))
+    return dataclasses.replace(config, pooling="last") if bare else config

@@ -29,6 +29,13 @@ class ModelConfig:
     name: str = "model"
     sliding_window: int | None = None  # every layer attends over only the last this many positions
     sampling_defaults: SamplingDefaults = SamplingDefaults()  # the checkpoint's generation_config.json
+    # An embedding model: how the checkpoint says it pools its hidden states ("last": the last
+    # token's, as Qwen3-Embedding; "mean", "cls"...), None for a model that generates.
+    pooling: str | None = None
+    # Embedding widths it was trained to be cut to (Matryoshka): None, not trained for it; ()
+    # any width up to hidden_size; else those widths.
+    matryoshka_dimensions: tuple[int, ...] | None = None
+    head: bool = True  # False: built without the language-model head (serving embeddings only)
 
     def __post_init__(self) -> None:
         if self.layers and len(self.layers) != self.num_layers:
@@ -37,7 +44,7 @@ class ModelConfig:
     def parameters(self) -> int:
         """The model's parameters as its layer descriptions count them (the norms left out)."""
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        tables = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        tables = self.vocab_size * h * (1 if self.tie_word_embeddings or not self.head else 2)
         attention = 2 * h * q + 2 * h * kv
         return tables + sum(attention + mlp_parameters(layer.mlp, h, self.intermediate_size) for layer in self.layers)
 

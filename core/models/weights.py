@@ -26,6 +26,18 @@ def projection_names(config: ModelConfig) -> Iterator[tuple[int, str, str, str]]
 
 
 
+def language_model_head(config: ModelConfig, tensors: "TensorsByName", embedding: Any, make_linear: Any) -> Any:
+    """The head a backend builds: ``lm_head`` (through make_linear), the embedding table itself
+    when tied, or None for a model built without one (config.head False: an embedding model;
+    a head its checkpoint has anyway is dropped unread)."""
+    head = tensors.take_if_present(LM_HEAD)
+    if not config.head:
+        return None
+    if head is None and not config.tie_word_embeddings:
+        raise ModelLoadError(f"checkpoint lacks {LM_HEAD} and does not tie embeddings")
+    return embedding if head is None else make_linear(head, None)
+
+
 class TensorsByName:
     """A checkpoint's tensors as a backend builds layers from them: each taken once by name, a
     missing one and any left untaken a ModelLoadError naming them (a wrong architecture shows up

@@ -12,6 +12,7 @@ from .backend import (
     ChoosesKernels,
     ChoosesKVDtype,
     ModelExecutor,
+    Pools,
     QuantizedLinear,
     ReadsRoutedExperts,
     Sampler,
@@ -34,6 +35,6 @@ from .speculative import DraftVerifying, Proposer
 __all__ = [
     "Backend", "Calibratable", "ChoosesKVDtype", "ChoosesKernels", "ReadsRoutedExperts", "Completing", "DraftVerifying", "Forking",
     "KVCache", "KVStorage", "KVUsage", "LogitsProcessor", "LogitsRequest", "LogitsState", "LossyKV",
-    "ModelExecutor", "PrefixCaching", "Proposer", "QuantizedLinear", "ReservesAhead", "Rewinding", "SampleResult",
+    "ModelExecutor", "Pools", "PrefixCaching", "Proposer", "QuantizedLinear", "ReservesAhead", "Rewinding", "SampleResult",
     "Sampler", "ScheduledChunk", "SlidingWindow", "StepBatch", "TakesRequestArgs",
 ]

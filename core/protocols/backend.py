@@ -59,6 +59,19 @@ class ModelExecutor(Protocol):
 
 
 @runtime_checkable
+class Pools(Protocol):
+    """An executor that can serve hidden states instead of sampled text: embeddings (the final
+    norm's output) and scores (a few chosen logits, e.g. a reranker's "no"/"yes"). A model
+    config with ``head`` False is built without its language-model head and only pools hidden
+    states."""
+
+    def pool(self, batch: StepBatch, cache: KVCache, logit_ids: Sequence[int] | None) -> Any:
+        """A float32 numpy array with a row per chunk with sample=True (its last position), in
+        chunk order: the final norm's output [rows, hidden] when logit_ids is None, else the
+        head's logits of those token ids [rows, len(logit_ids)]."""
+
+
+@runtime_checkable
 class ChoosesKVDtype(Protocol):
     """A backend that knows which KV storage dtype serves best on this machine; the server's
     default ``--kv-dtype auto`` follows it (other backends keep the weights' dtype)."""

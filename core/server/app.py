@@ -1,7 +1,7 @@
 """The aiohttp application: routes, the gates in front of them, and the small endpoints.
 
-The API endpoints themselves live in qwen_serve.openai, qwen_serve.anthropic and
-qwen_serve.responses; this module only wires them to paths (and holds the server's store of
+The API endpoints themselves live in qwen_serve.openai (its pooling routes too),
+qwen_serve.anthropic and qwen_serve.responses; this module only wires them to paths (and holds the server's store of
 Responses API responses).
 Connections pass a guard first (connections.py: caps on open connections, a deadline for each
 request head). Every request then passes, outermost first: the error middleware (every client
@@ -30,6 +30,7 @@ from ..errors import InvalidRequest
 from ..openai.bodies import json_response
 from ..openai.chat import ChatCompletions
 from ..openai.completions import Completions
+from ..openai.pooling import Pooling
 from ..openai.serving import ServedModel
 from ..openai.tokenization import Tokenization
 from ..responses.handler import Responses
@@ -72,6 +73,7 @@ class ServerInfo:
     kv_blocks_total: int
     max_batch: int
     max_seq_len: int | None = None  # prompt + generated tokens, at most
+    task: str = "generate"  # or embed / rerank (--task)
 
     def serves(self, name: str) -> bool:
         return name == self.model or name in self.aliases
@@ -153,6 +155,9 @@ class ChatServer:
                            self._handler(lambda served: self._responses(served).retrieve))
         app.router.add_delete("/v1/responses/{response_id}",
                               self._handler(lambda served: self._responses(served).delete))
+        app.router.add_post("/v1/embeddings", self._handler(lambda served: Pooling(served).embeddings))
+        app.router.add_post("/v1/rerank", self._handler(lambda served: Pooling(served).rerank))
+        app.router.add_post("/v1/score", self._handler(lambda served: Pooling(served).score))
         app.router.add_post("/tokenize", self._handler(lambda served: Tokenization(served).tokenize))
         app.router.add_post("/detokenize", self._handler(lambda served: Tokenization(served).detokenize))
         return app
@@ -225,7 +230,7 @@ class ChatServer:
         body: dict = {"status": status}
         if self.info is not None:
             i = self.info
-            body.update(model=i.model, backend=i.backend, quant=i.quant, block_size=i.block_size,
+            body.update(model=i.model, task=i.task, backend=i.backend, quant=i.quant, block_size=i.block_size,
                         kv_blocks_total=i.kv_blocks_total, max_batch=i.max_batch)
         return json_response(body, status=200 if status == "ok" else 503)
 

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Sequence
 
-from ..config import BATCHING_MODES, EngineConfig
+from ..config import BATCHING_MODES, TASKS, EngineConfig
 from ..engine.async_engine import ARRIVAL_WINDOW_S
 from ..errors import QwenServeError
 from .auth import ENV_VAR as API_KEY_ENV
@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache", default="paged", help="KV cache plugin (paged, naive, paged-int8, sliding-window, ...)")
     p.add_argument("--kv-window", type=int, default=None,
                    help="with a sliding-window KV cache: positions each query attends over (tokens)")
+    p.add_argument("--task", choices=("auto",) + TASKS, default="auto",
+                   help="generate text, embed (POST /v1/embeddings: the last token's hidden state, as "
+                        "Qwen3-Embedding) or rerank (POST /v1/rerank and /v1/score, as Qwen3-Reranker); auto: embed "
+                        "for an embedding checkpoint, else generate")
     p.add_argument("--quant", default="none", help="weight quantization: none | int4")
     p.add_argument("--dtype", default="float32", help="weight dtype: float32 | bfloat16")
     p.add_argument("--kv-dtype", default="auto",
@@ -178,7 +182,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.prompt is None:
         return run_server(args)
-    parts = build_engine(args.model, args.backend, args.kv_cache, args.dtype, args.quant, **engine_options(args))
+    if args.task not in ("auto", "generate"):
+        raise ValueError(f"--prompt answers a chat message; it needs --task generate, not {args.task}")
+    parts = build_engine(args.model, args.backend, args.kv_cache, args.dtype, args.quant, task=args.task,
+                         **engine_options(args))
     defaults = parts.model_config.sampling_defaults.served(args.generation_config)
     print(format_memory_plan(parts, args.dtype, args.quant, defaults), file=sys.stderr)
     ids = parts.tokenizer.encode_chat([{"role": "user", "content": args.prompt}])
@@ -212,7 +219,7 @@ def run_server(args: argparse.Namespace) -> int:
 
     def load():
         parts = build_engine(args.model, args.backend, args.kv_cache, args.dtype, args.quant, registry=registry,
-                             **options)
+                             task=args.task, **options)
         print(format_memory_plan(parts, args.dtype, args.quant,
                                              parts.model_config.sampling_defaults.served(args.generation_config)), file=sys.stderr,
               flush=True)

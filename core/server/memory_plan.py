@@ -48,7 +48,11 @@ def format_memory_plan(parts: Any, dtype: str, quant: str, sampling_defaults: Sa
         f"scheduler  max batch {e.max_batch} sequences, step budget {e.step_budget} tokens, "
         f"prefill chunk {e.chunk_size} tokens, max sequence {parts.engine.max_seq_len} tokens, "
         f"prefix cache {'on' if e.prefix_cache else 'off'}")
-    if sampling_defaults is not None:
+    if e.task != "generate":
+        served = ("POST /v1/embeddings: the last token's final hidden state, L2-normalised" if e.task == "embed"
+                  else "POST /v1/rerank and /v1/score: P(yes) of Qwen3-Reranker's verdict")
+        lines.append(f"task       {e.task} ({served}{'; no language-model head' if not m.head else ''})")
+    elif sampling_defaults is not None:
         lines.append(f"sampling   for fields a request leaves out: {sampling_defaults.describe()} "
                      f"(checkpoint's generation_config.json {'values' if sampling_defaults.as_dict() else 'has none'}; "
                      "--generation-config none: the API's defaults)")

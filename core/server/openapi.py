@@ -9,11 +9,12 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from ..anthropic.protocol import CountTokensRequest, MessagesRequest
+from ..openai.pooling_protocol import EmbeddingRequest, RerankRequest, ScoreRequest
 from ..openai.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from ..responses.protocol import ResponsesRequest
 
 REQUESTS = (ChatCompletionRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest, MessagesRequest,
-            CountTokensRequest, ResponsesRequest)
+            CountTokensRequest, ResponsesRequest, EmbeddingRequest, RerankRequest, ScoreRequest)
 REF = "#/components/schemas/{model}"
 ERROR = {"$ref": "#/components/schemas/Error"}
 ANTHROPIC_ERROR = {"$ref": "#/components/schemas/AnthropicError"}
@@ -116,6 +117,25 @@ RESPONSE = {"type": "object", "required": ["id", "object", "created_at", "status
                            "previous_response_id": {"type": ["string", "null"]}, "store": {"type": "boolean"}}}
 RESPONSE_DELETED = {"type": "object", "required": ["id", "object", "deleted"], "properties": {
     "id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}}}
+POOLING_USAGE = {"type": "object", "required": ["prompt_tokens", "total_tokens"],
+                 "properties": {"prompt_tokens": NONNEGATIVE_INT, "total_tokens": NONNEGATIVE_INT}}
+EMBEDDINGS = {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
+    "object": {"const": "list"}, "model": {"type": "string"}, "usage": POOLING_USAGE,
+    "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"], "properties": {
+        "object": {"const": "embedding"}, "index": NONNEGATIVE_INT,
+        "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}},
+                                {"type": "string", "description": "base64 of little-endian float32"}]}}}}}}
+RERANKED = {"type": "object", "required": ["id", "model", "results", "usage"], "properties": {
+    "id": {"type": "string"}, "model": {"type": "string"}, "usage": POOLING_USAGE,
+    "results": {"type": "array", "description": "best first", "items": {
+        "type": "object", "required": ["index", "relevance_score"], "properties": {
+            "index": NONNEGATIVE_INT, "relevance_score": {"type": "number", "minimum": 0, "maximum": 1},
+            "document": {"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}}}}}}}
+SCORES = {"type": "object", "required": ["id", "object", "created", "model", "data", "usage"], "properties": {
+    "id": {"type": "string"}, "object": {"const": "list"}, "created": {"type": "integer"},
+    "model": {"type": "string"}, "usage": POOLING_USAGE,
+    "data": {"type": "array", "items": {"type": "object", "required": ["index", "object", "score"], "properties": {
+        "index": NONNEGATIVE_INT, "object": {"const": "score"}, "score": {"type": "number", "minimum": 0, "maximum": 1}}}}}}
 TOKEN_COUNT = {"type": "object", "required": ["input_tokens"], "properties": {"input_tokens": NONNEGATIVE_INT}}
 UNAVAILABLE = _error("loading, draining, the engine has stopped, or the request waited past --queue-timeout",
                      RETRY_AFTER)
@@ -187,6 +207,16 @@ def _tokenizing(operation_id: str, request: str, response: dict[str, Any], unaut
                       "503": _error(UNAVAILABLE["description"], RETRY_AFTER, error)}}}
 
 
+def _pooling(operation_id: str, request: str, response: dict[str, Any], unauthorized: dict) -> dict[str, Any]:
+    """A route served by --task embed or rerank (a 400 on a server of another task)."""
+    operation = _tokenizing(operation_id, request, response, unauthorized)
+    responses = operation["post"]["responses"]
+    responses["400"] = _error("invalid request, or a route this server's --task does not serve")
+    responses["429"] = _error("--max-queue requests are already waiting", RETRY_AFTER)
+    responses["500"] = _error("internal error while computing")
+    return operation
+
+
 def _stored_response(unauthorized: dict) -> dict[str, Any]:
     """GET and DELETE /v1/responses/{response_id}."""
     parameters = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
@@ -252,6 +282,9 @@ def openapi_document(model: str | None, protected: bool, metrics_public: bool,
                                              "`response.failed`",
                                          not_found="previous_response_id is not stored"),
             "/v1/responses/{response_id}": _stored_response(unauthorized),
+            "/v1/embeddings": _pooling("createEmbedding", "EmbeddingRequest", EMBEDDINGS, unauthorized),
+            "/v1/rerank": _pooling("rerank", "RerankRequest", RERANKED, unauthorized),
+            "/v1/score": _pooling("score", "ScoreRequest", SCORES, unauthorized),
             "/tokenize": _tokenizing("tokenize", "TokenizeRequest", TOKENIZED, unauthorized),
             "/detokenize": _tokenizing("detokenize", "DetokenizeRequest", DETOKENIZED, unauthorized),
             "/metrics": {"get": {**metrics_security, "operationId": "metrics", "responses": {

@@ -81,7 +81,8 @@ async def _serve(load: Callable[[], Any], s: ServeSettings) -> int:
         server.attach(engine, parts.tokenizer, ServerInfo(
             model=name, aliases=aliases, backend=parts.backend.name, quant=s.quant,
             block_size=parts.engine_config.block_size, kv_blocks_total=parts.engine_config.kv_blocks,
-            max_batch=parts.engine_config.max_batch, max_seq_len=parts.engine.max_seq_len), request_metrics,
+            max_batch=parts.engine_config.max_batch, max_seq_len=parts.engine.max_seq_len,
+            task=parts.engine_config.task), request_metrics,
             ChatFormat(parts.tokenizer, s.reasoning_parser, s.tool_call_parser),
             parts.model_config.sampling_defaults.served(s.generation_config))
         print(f"serving {name!r} on {url} (OpenAI API at {url}/v1)", file=sys.stderr, flush=True)
@@ -101,10 +102,14 @@ async def _serve(load: Callable[[], Any], s: ServeSettings) -> int:
 
 
 def warm_up(parts: Any) -> None:
-    """One short greedy generation through the whole engine (prefill and a decode step), so
-    the first real request does not pay for lazy initialisation. Seeded, so a backend whose
+    """One short greedy generation through the whole engine (prefill and a decode step; a
+    prefill alone for a pooling task), so the first real request does not pay for lazy
+    initialisation. Seeded, so a backend whose
     sampler follows the seed (the tests' scripted one) sees a fixed request."""
     prompt = parts.tokenizer.encode(WARMUP_TEXT)[: parts.engine_config.block_size - 2]
+    if parts.engine_config.task != "generate":  # an embedding or reranking engine only prefills
+        parts.engine.run_pooling([("warm-up", prompt)])
+        return
     parts.engine.run([("warm-up", prompt, SamplingParams(max_tokens=2, temperature=0.0, seed=0))])
 
 

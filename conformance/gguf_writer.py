@@ -56,12 +56,7 @@ def write_gguf(checkpoint: Path, out: Path, tensor_type: gguf.GGMLQuantizationTy
             shape = weights.get_slice(sources[0]).get_shape()
             qtype = tensor_type if len(shape) == 2 and not name.endswith("ffn_gate_inp.weight") else F32
             encoded.append((name, qtype, read))
-            shape = (len(sources), *shape) if stacked else tuple(shape)
-            if qtype == F32:
-                writer.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
-            else:
-                byte_shape = gguf.quant_shape_to_byte_shape(shape, qtype)
-                writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
+            add_tensor_info(writer, name, (len(sources), *shape) if stacked else tuple(shape), qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
@@ -70,6 +65,16 @@ def write_gguf(checkpoint: Path, out: Path, tensor_type: gguf.GGMLQuantizationTy
             writer.write_tensor_data(array if qtype == F32 else quantize(array, qtype))
     writer.close()
     return Path(out)
+
+
+def add_tensor_info(writer: gguf.GGUFWriter, name: str, shape: tuple[int, ...],
+                    qtype: gguf.GGMLQuantizationType) -> None:
+    """Declare a tensor of this numpy shape and type before the data is written."""
+    if qtype == F32:
+        writer.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
+    else:
+        byte_shape = gguf.quant_shape_to_byte_shape(shape, qtype)
+        writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=qtype)
 
 
 def tensor_plan(hf_names: list[str]) -> list[tuple[str, list[str]]]:
@@ -141,3 +146,66 @@ def add_tokenizer_fields(writer: gguf.GGUFWriter, checkpoint: Path, config: dict
     template = json.loads((checkpoint / "tokenizer_config.json").read_text()).get("chat_template")
     if template:
         writer.add_chat_template(template)
+
+
+def write_random_gguf(config: dict, tokenizer_dir: Path, out: Path, seed: int = 0, scale: float = 0.02) -> Path:
+    """A Qwen3 / Qwen3-MoE GGUF of config.json's geometry with random weights drawn straight as
+    Q4_0 blocks, never as float: any size (Qwen3-30B-A3B's 17 GB included) is written a tensor
+    at a time in seconds per layer. Codes are uniform, each block's scale makes the weights'
+    standard deviation about ``scale``; the router is random float32, the norms ones.
+    tokenizer_dir holds tokenizer.json and tokenizer_config.json (the Qwen tokenizer)."""
+    arch = GGUF_ARCHITECTURES[config["architectures"][0]]
+    writer = gguf.GGUFWriter(str(out), arch)
+    add_model_fields(writer, config)
+    writer.add_file_type(_FILE_TYPES[Q4_0])
+    add_tokenizer_fields(writer, Path(tokenizer_dir), config)
+    plan = random_tensor_plan(config)
+    for name, shape, qtype in plan:
+        add_tensor_info(writer, name, shape, qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    block_scale = np.float16(scale / 4.6)  # codes uniform on -8..7 have a standard deviation of ~4.6
+    for name, shape, qtype in plan:
+        if qtype != F32:
+            blocks = rng.integers(0, 256, size=(int(np.prod(shape)) // 32, 18), dtype=np.uint8)
+            blocks[:, :2] = np.frombuffer(block_scale.tobytes(), dtype=np.uint8)
+            writer.write_tensor_data(blocks.reshape(gguf.quant_shape_to_byte_shape(shape, qtype)))
+        elif name.endswith("norm.weight"):
+            writer.write_tensor_data(np.ones(shape, dtype=np.float32))
+        else:
+            writer.write_tensor_data(rng.normal(0.0, scale, size=shape).astype(np.float32))
+    writer.close()
+    return Path(out)
+
+
+def random_tensor_plan(config: dict) -> list[tuple[str, tuple[int, ...], gguf.GGMLQuantizationType]]:
+    """(GGUF name, numpy shape, type) of every tensor of a Qwen3 / Qwen3-MoE config, in llama.cpp's order."""
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim") or hidden // heads
+    experts = config.get("num_experts")
+    plan = [("token_embd.weight", (vocab, hidden), Q4_0)]
+    for i in range(config["num_hidden_layers"]):
+        b = f"blk.{i}"
+        plan += [(f"{b}.attn_norm.weight", (hidden,), F32), (f"{b}.attn_q.weight", (heads * head_dim, hidden), Q4_0),
+                 (f"{b}.attn_k.weight", (kv_heads * head_dim, hidden), Q4_0),
+                 (f"{b}.attn_v.weight", (kv_heads * head_dim, hidden), Q4_0),
+                 (f"{b}.attn_output.weight", (hidden, heads * head_dim), Q4_0),
+                 (f"{b}.attn_q_norm.weight", (head_dim,), F32), (f"{b}.attn_k_norm.weight", (head_dim,), F32),
+                 (f"{b}.ffn_norm.weight", (hidden,), F32)]
+        if experts:
+            inner = config["moe_intermediate_size"]
+            plan += [(f"{b}.ffn_gate_inp.weight", (experts, hidden), F32),
+                     (f"{b}.ffn_gate_exps.weight", (experts, inner, hidden), Q4_0),
+                     (f"{b}.ffn_up_exps.weight", (experts, inner, hidden), Q4_0),
+                     (f"{b}.ffn_down_exps.weight", (experts, hidden, inner), Q4_0)]
+        else:
+            inner = config["intermediate_size"]
+            plan += [(f"{b}.ffn_gate.weight", (inner, hidden), Q4_0), (f"{b}.ffn_up.weight", (inner, hidden), Q4_0),
+                     (f"{b}.ffn_down.weight", (hidden, inner), Q4_0)]
+    plan += [("output_norm.weight", (hidden,), F32)]
+    if not config.get("tie_word_embeddings"):
+        plan += [("output.weight", (vocab, hidden), Q4_0)]
+    return plan

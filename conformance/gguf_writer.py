@@ -185,7 +185,7 @@ def random_tensor_plan(config: dict) -> list[tuple[str, tuple[int, ...], gguf.GG
     hidden, vocab = config["hidden_size"], config["vocab_size"]
     heads, kv_heads = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
     head_dim = config.get("head_dim") or hidden // heads
-    experts = config.get("num_experts")
+    experts = config.get("num_experts", config.get("num_local_experts"))
     plan = [("token_embd.weight", (vocab, hidden), Q4_0)]
     for i in range(config["num_hidden_layers"]):
         b = f"blk.{i}"

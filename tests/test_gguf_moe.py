@@ -10,6 +10,7 @@ import gguf
 import numpy as np
 import pytest
 from gguf.quants import dequantize
+from safetensors import safe_open
 
 from qwen_serve import LLM, SamplingParams
 from qwen_serve.checkpoints.checkpoint import load_checkpoint
@@ -106,3 +107,22 @@ def test_a_quantized_moe_gguf_loads_and_generates(moe_q8_gguf, moe_dir, tmp_path
     llm = LLM(str(path), backend=backend)
     out = llm.generate([llm.tokenizer.encode("The quick brown fox")], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     assert len(out.token_ids) == 8
+
+
+def test_a_random_gguf_written_as_q4_0_blocks_loads_with_its_geometry(moe_dir, tmp_path):
+    """write_random_gguf (the 30B-A3B benchmark's file) gives a file of config.json's geometry
+    whose weights have the standard deviation asked for, and which the loader reads as any other."""
+    import json
+
+    from qwen_serve.conformance.gguf_writer import write_random_gguf
+
+    config = json.loads((moe_dir / "config.json").read_text())
+    path = write_random_gguf(config, moe_dir, tmp_path / "random.gguf", seed=3, scale=0.05)
+    checkpoint = load_checkpoint(path)
+    tensors = dict(checkpoint.tensors())
+    with safe_open(moe_dir / "model.safetensors", "numpy") as weights:  # what transformers wrote
+        expected = {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}
+    assert {name: tuple(t.shape) for name, t in tensors.items()} == expected
+    experts = np.concatenate([t.ravel() for name, t in tensors.items() if ".experts." in name])
+    assert experts.std() == pytest.approx(0.05, rel=0.05) and abs(experts.mean()) < 0.01
+    assert all(np.all(t == 1) for name, t in tensors.items() if name.endswith("norm.weight"))

@@ -159,10 +159,23 @@ def dequantize(tensor: Any) -> np.ndarray:
     return dequantize_data(tensor.data, tensor.tensor_type, tuple(int(d) for d in reversed(tensor.shape)))
 
 
+DEQUANTIZE_ROWS = 4096  # stored rows dequantized at a time into the float32 result
+
+
 def dequantize_data(data: np.ndarray, tensor_type: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """A private, writable float32 copy of ``shape``, filled DEQUANTIZE_ROWS stored rows at a
+    time: the gguf package's numpy dequantization makes temporaries many times its output's size.
+    Loading one layer of Qwen3-30B-A3B's geometry as int4 (Q4_0 tables of 151,936 x 2048) peaked
+    at 5,713 MiB dequantized whole and 2,853 MiB in chunks (1,364 MiB after the load)."""
     from gguf.quants import dequantize as gguf_dequantize
 
-    return np.array(gguf_dequantize(data, tensor_type).reshape(shape), dtype=np.float32)  # a private, writable copy
+    stored = data.reshape(-1, data.shape[-1]) if data.ndim > 1 else data.reshape(1, -1)
+    out = np.empty(shape, dtype=np.float32)
+    rows = out.reshape(stored.shape[0], -1)
+    for start in range(0, stored.shape[0], DEQUANTIZE_ROWS):
+        chunk = stored[start:start + DEQUANTIZE_ROWS]
+        rows[start:start + len(chunk)] = gguf_dequantize(chunk, tensor_type).reshape(len(chunk), -1)
+    return out
 
 
 def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:

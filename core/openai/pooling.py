@@ -83,14 +83,13 @@ class Pooling:
 
 
 async def pooled(served: ServedModel, token_lists: Sequence[Sequence[int]]) -> list[RequestOutput]:
-    """Every input's output, all queued at once so they prefill together. Every input is checked
-    before any is queued (a 400 leaves nothing behind); a client that leaves aborts them all."""
-    for tokens in token_lists:
-        served.engine.engine.check_pooling(tokens)
+    """Every input's output, all queued at once so they prefill together. ``pool`` checks its
+    input when called and queues it only once iterated, so every input is checked before any is
+    queued (a 400 leaves nothing behind); a client that leaves aborts them all."""
     arrival = time.monotonic()
     base = uuid.uuid4().hex
-    return list(await asyncio.gather(*(_last(served.engine.pool(f"pool-{base}-{i}", tokens, arrival))
-                                       for i, tokens in enumerate(token_lists))))
+    streams = [served.engine.pool(f"pool-{base}-{i}", tokens, arrival) for i, tokens in enumerate(token_lists)]
+    return list(await asyncio.gather(*(_last(stream) for stream in streams)))
 
 
 async def _last(outputs: AsyncGenerator[RequestOutput, None]) -> RequestOutput:

@@ -196,3 +196,54 @@ def test_the_parameter_count_is_the_checkpoints(small_moe):
     tensors = load_file(small_moe / "model.safetensors")
     counted = sum(t.numel() for name, t in tensors.items() if "norm" not in name)
     assert LLM(str(small_moe)).config.parameters() == counted
+
+
+# --- the int4 experts in one C++ call ------------------------------------------------------------
+FUSED_ROUTES = {  # over 4 experts, 2 each
+    "random": lambda rng, T: np.stack([rng.choice(4, 2, replace=False) for _ in range(T)]),
+    "experts 0 and 3 idle": lambda rng, T: np.stack([rng.permutation([1, 2]) for _ in range(T)]),
+    "expert 2 in every token": lambda rng, T: np.stack([[2, rng.choice([0, 1, 3])] for _ in range(T)]),
+}
+
+
+@pytest.fixture(scope="module")
+def int4_moe(small_moe):
+    """The first layer's experts of the small checkpoint in int4 on torch, and the layer ops."""
+    executor = LLM(str(small_moe), quant="int4").parts.executor
+    if executor.layers[0].mlp.fused is None:
+        pytest.skip("the fused expert kernel needs AVX-512 VNNI")
+    return executor.layers[0].mlp, executor.ops
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 21])  # 21: an expert's rows span three tiles of 8
+@pytest.mark.parametrize("route", sorted(FUSED_ROUTES))
+def test_the_fused_int4_experts_equal_the_per_expert_run(int4_moe, route, tokens):
+    moe, ops = int4_moe
+    rng = np.random.default_rng(tokens)
+    x = torch.from_numpy(rng.standard_normal((tokens, moe.router.shape[1])).astype(np.float32))
+    chosen = torch.from_numpy(FUSED_ROUTES[route](rng, tokens))
+    weights = torch.from_numpy(rng.uniform(0.1, 1.0, chosen.shape).astype(np.float32))
+    got = moe.fused(x, weights, chosen)
+    grouped = torch_layer.run_experts_grouped(moe.experts, x, weights, chosen, ops)
+    torch.testing.assert_close(got, grouped, rtol=1e-5, atol=1e-5)  # the same kernels, summed in another order
+    dense = [(expert.gate_up.linear.dequantize(), expert.down_proj.dequantize()) for expert in moe.experts]
+    float_sum = per_token_swiglu(dense, x, weights, chosen)
+    assert float((got - float_sum).norm() / float_sum.norm()) < 0.02  # int8 activations' rounding only
+
+
+def per_token_swiglu(dense, x, weights, chosen):
+    rows = []
+    for t in range(x.shape[0]):
+        total = torch.zeros(x.shape[1])
+        for j, e in enumerate(chosen[t].tolist()):
+            gate, up = (x[t] @ dense[e][0].T).chunk(2)
+            total += weights[t, j] * ((torch.nn.functional.silu(gate) * up) @ dense[e][1].T)
+        rows.append(total)
+    return torch.stack(rows)
+
+
+def test_the_fused_experts_refuse_an_expert_out_of_range(int4_moe):
+    moe, _ = int4_moe
+    x = torch.zeros(1, moe.router.shape[1])
+    with pytest.raises(RuntimeError, match="expert 4 is not one of the 4"):
+        moe.fused(x, torch.ones(1, 2), torch.tensor([[0, 4]]))

@@ -18,6 +18,7 @@ from qwen_serve.models.weights import TensorsByName
 from qwen_serve.protocols import KVCache
 
 from .attention import CachedAttention
+from .fused_experts import FusedExperts
 from .layer_ops import LayerOps
 from .merged_linear import MergedLinear
 from .step_layout import StepLayout
@@ -119,6 +120,7 @@ class SparseMoELayer:
         self.kind = kind
         self.router = weights.tensors.take_router(weights.prefix, kind).float()
         self.experts = [SwiGLU(weights, f"{kind.prefix}.{kind.expert(e)}") for e in range(kind.num_experts)]
+        self.fused = FusedExperts.for_experts(self.experts, kind.intermediate_size)  # None: one by one
 
     def linears(self) -> list:
         return [linear for expert in self.experts for linear in expert.linears()]
@@ -132,6 +134,8 @@ class SparseMoELayer:
 
     def __call__(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
         weights, chosen = route(self.router, x, self.kind.top_k, self.kind.normalize_top_k)
+        if self.fused is not None and self.fused.takes(chosen):
+            return self.fused(x, weights, chosen)
         return run_experts_grouped(self.experts, x, weights, chosen, ops)
 
 

@@ -24,6 +24,12 @@ void q4b_matmul_vnni8(const float* x, int64_t M, int64_t K, const uint8_t* codes
                       const uint16_t* zero, int64_t N, float* y);
 void q8b_matmul_vnni8(const float* x, int64_t M, int64_t K, const int8_t* codes, const float* scale, int64_t N,
                       float* y);
+// A mixture-of-experts SwiGLU MLP on blocked int4 experts, VNNI (vnni8_avx512.cpp): out [T, H] =
+// sum over j of route[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = chosen[t, j] in [0, E).
+// table [E, 6]: the addresses of expert e's gate/up (2I rows, gate first) codes, scale and zero,
+// then its down (H rows) codes, scale and zero, kept alive by the caller.
+void q4b_moe_vnni8(const float* x, int64_t T, int64_t H, int64_t top_k, const int64_t* chosen, const float* route,
+                   const int64_t* table, int64_t E, int64_t I, float* out);
 // Blocks [first, stop) of a blocked int4 weight dequantized into a transposed tile out [K, ld], float32
 // or bfloat16 (unpack_avx512.cpp): block i's 16 rows are columns 16 * (i - first) onwards.
 void q4b_unpack_avx512(const uint8_t* codes, const uint16_t* scale, const uint16_t* zero, int64_t groups,

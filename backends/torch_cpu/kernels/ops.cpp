@@ -291,6 +291,32 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   return y;
 }
 
+// A mixture-of-experts MLP over blocked int4 experts (kernels.h): x [T, H]; chosen int64 and
+// route float32 [T, top_k]; table int64 [E, 6] of the experts' tensor addresses (the caller built
+// it from tensors it checked and keeps alive); inter: each expert's intermediate width.
+at::Tensor q4b_moe_vnni8(const at::Tensor& x, const at::Tensor& chosen, const at::Tensor& route,
+                         const at::Tensor& table, int64_t inter) {
+  require_q4b(true);
+  check_rows(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 64 == 0 && inter > 0 && inter % 64 == 0,
+              "x must be [T, H] and the widths multiples of 64");
+  const int64_t T = x.size(0), top_k = chosen.dim() == 2 ? chosen.size(1) : 0;
+  TORCH_CHECK(chosen.dim() == 2 && chosen.size(0) == T && top_k > 0 && chosen.scalar_type() == at::kLong &&
+                  chosen.is_contiguous(), "chosen must be int64 [T, top_k]");
+  TORCH_CHECK(route.sizes() == chosen.sizes() && route.scalar_type() == at::kFloat && route.is_contiguous(),
+              "route must be float32 [T, top_k]");
+  TORCH_CHECK(table.dim() == 2 && table.size(1) == 6 && table.scalar_type() == at::kLong && table.is_contiguous(),
+              "table must be int64 [experts, 6]");
+  const int64_t E = table.size(0);
+  const int64_t* expert = chosen.data_ptr<int64_t>();
+  for (int64_t p = 0; p < T * top_k; p++)
+    TORCH_CHECK(expert[p] >= 0 && expert[p] < E, "expert ", expert[p], " is not one of the ", E);
+  at::Tensor out = at::empty({T, x.size(1)}, x.options());
+  qs::q4b_moe_vnni8(x.data_ptr<float>(), T, x.size(1), top_k, expert, route.data_ptr<float>(),
+                    table.data_ptr<int64_t>(), E, inter, out.data_ptr<float>());
+  return out;
+}
+
 // Every decoder layer of a decode-only step in one call, for projections on the blocked int4 or
 // bfloat16 layouts and the backend's own paged KV storage (the configuration of decode).
 // The same kernels in the same order as the per-op path of model.py, so the result is the same
@@ -423,6 +449,7 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("add_rms_norm_(Tensor(a!) hidden, Tensor delta, Tensor weight, float eps) -> Tensor", &add_rms_norm_);
   m.def("head_norm_rope_(Tensor(a!) x, Tensor? weight, float eps, Tensor cos, Tensor sin) -> ()", &head_norm_rope_);
   m.def("silu_mul", &silu_mul);
+  m.def("q4b_moe_vnni8", &q4b_moe_vnni8);
   m.def("decode_layers_(Tensor(a!) hidden, Tensor x, Tensor[] weights, Tensor(b!)[] key_caches, "
         "Tensor(c!)[] value_caches, Tensor cos, Tensor sin, Tensor slots, Tensor block_tables, Tensor lengths, "
         "int block_size, int heads, int kv_heads, float eps, float scale, bool vnni, bool dot_bf16) -> Tensor", &decode_layers_);

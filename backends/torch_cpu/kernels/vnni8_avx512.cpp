@@ -181,6 +181,59 @@ void q8b_matmul_vnni8(const float* x, int64_t M, int64_t K, const int8_t* codes,
   });
 }
 
+// A mixture-of-experts MLP (kernels.h): the (token, slot) pairs sorted by expert, each
+// row's activations quantized once per projection, then one parallel loop over every (active
+// expert, block of 16 outputs) for gate/up and one for down, so an expert's weights stream once
+// per call however many of the step's tokens chose it, and no thread waits at a per-expert
+// barrier. The combine adds each token's top_k outputs in slot order.
+void q4b_moe_vnni8(const float* x, int64_t T, int64_t H, int64_t top_k, const int64_t* chosen, const float* route,
+                   const int64_t* table, int64_t E, int64_t I, float* out) {
+  const int64_t P = T * top_k;
+  std::vector<int64_t> start(E + 1, 0), position(P), slot_at(P);
+  for (int64_t p = 0; p < P; p++) start[chosen[p] + 1]++;
+  for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
+  std::vector<int64_t> next(start.begin(), start.end() - 1);
+  for (int64_t p = 0; p < P; p++) position[p] = next[chosen[p]]++, slot_at[position[p]] = p;
+  std::vector<int64_t> active;
+  for (int64_t e = 0; e < E; e++)
+    if (start[e + 1] > start[e]) active.push_back(e);
+
+  std::vector<float> rows(P * H);
+  for (int64_t q = 0; q < P; q++) __builtin_memcpy(rows.data() + q * H, x + slot_at[q] / top_k * H, H * sizeof(float));
+  const __m512i pairs = pair_words();
+  // y [P, N] = the sorted rows (quantized as a) times each one's expert's projection `field`
+  // (0 gate/up, 3 down: codes, scale and zero addresses in the table).
+  auto project = [&](const Activations8& a, int64_t K, int64_t N, int field, float* y) {
+    const int64_t groups = K / GROUP, blocks = (N + 15) / 16;
+    at::parallel_for(0, static_cast<int64_t>(active.size()) * blocks, 1, [&](int64_t i_begin, int64_t i_end) {
+      for (int64_t i = i_begin; i < i_end; i++) {
+        const int64_t e = active[i / blocks], b = i % blocks;
+        const int64_t* address = table + e * 6 + field;
+        const uint8_t* codes = reinterpret_cast<const uint8_t*>(address[0]) + b * groups * 512;
+        const uint16_t* scale = reinterpret_cast<const uint16_t*>(address[1]) + b * groups * 16;
+        const uint16_t* zero = reinterpret_cast<const uint16_t*>(address[2]) + b * groups * 16;
+        for (int64_t m0 = start[e]; m0 < start[e + 1]; m0 += TILE_ROWS)
+          with_count_1_to_8(start[e + 1] - m0, [&](auto n) {
+            q4_tile<decltype(n)::value>(a, m0, K, codes, scale, zero, y, N, b * 16, pairs);
+          });
+      }
+    });
+  };
+  std::vector<float> gate_up(P * 2 * I), act(P * I), down(P * H);
+  project(quantize8(rows.data(), P, H, true), H, 2 * I, 0, gate_up.data());
+  silu_mul(gate_up.data(), gate_up.data() + I, P, I, 2 * I, 2 * I, act.data());
+  project(quantize8(act.data(), P, I, true), I, H, 3, down.data());
+  at::parallel_for(0, T, 1, [&](int64_t t_begin, int64_t t_end) {
+    for (int64_t t = t_begin; t < t_end; t++)
+      for (int64_t j = 0; j < top_k; j++) {
+        const float w = route[t * top_k + j];
+        const float* y = down.data() + position[t * top_k + j] * H;
+        float* o = out + t * H;
+        for (int64_t h = 0; h < H; h++) o[h] = (j ? o[h] : 0.f) + w * y[h];
+      }
+  });
+}
+
 #pragma GCC pop_options
 
 }  // namespace qs

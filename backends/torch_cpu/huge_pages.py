@@ -18,9 +18,14 @@ from typing import Iterable
 
 import torch
 
+from qwen_serve.heap import return_free_heap
+
 log = logging.getLogger("qwen_serve.torch")
 HUGE_PAGE = 2 << 20
 ALIGN = 64  # every tensor starts on a cache line, as torch's allocator places them
+# Freed old copies go back to the OS every this many bytes: a 12-layer Qwen3-30B-A3B-geometry int4
+# model (4.9 GiB) peaked at 12.8 GiB resident while moving without it.
+TRIM_EVERY = 256 << 20
 
 
 def _round_up(n: int, to: int) -> int:
@@ -47,12 +52,18 @@ def move_to_huge_pages(layers: Iterable) -> int:
         return 0
     raw = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive
     offset = -raw.data_ptr() % HUGE_PAGE
+    freed = 0
     for (layer, name), n in zip(fields, sizes):
         old = getattr(layer, name)
         new = raw[offset:offset + n].view(old.dtype).view(old.shape)
         new.copy_(old)
         setattr(layer, name, new)
+        del old
         offset += _round_up(n, ALIGN)
+        freed += n
+        if freed >= TRIM_EVERY:  # else the old copies stay in the heap until the end: twice the weights
+            return_free_heap()
+            freed = 0
     return total
 
 

@@ -38,8 +38,10 @@ class DecoderModel:
         # The embedding is a linear-like table (lookup() gives rows): float, or quantized by the
         # backend while loading; a tied lm_head is the very same object.
         self.embed = make_linear(tensors.take(EMBEDDING), None)
-        self.layers = [build_layer(description, LayerWeights(tensors, layer_prefix(i), make_linear))
-                       for i, description in enumerate(c.layers)]
+        self.layers = []
+        for i, description in enumerate(c.layers):
+            self.layers.append(build_layer(description, LayerWeights(tensors, layer_prefix(i), make_linear)))
+            return_free_heap()  # the loaded tensors this layer was made from (else ~2x the weights at the end)
         self.norm = tensors.take(FINAL_NORM).float()
         self.lm_head = language_model_head(c, tensors, self.embed, make_linear)
         tensors.check_all_taken()

@@ -126,3 +126,30 @@ def test_a_random_gguf_written_as_q4_0_blocks_loads_with_its_geometry(moe_dir, t
     experts = np.concatenate([t.ravel() for name, t in tensors.items() if ".experts." in name])
     assert experts.std() == pytest.approx(0.05, rel=0.05) and abs(experts.mean()) < 0.01
     assert all(np.all(t == 1) for name, t in tensors.items() if name.endswith("norm.weight"))
+
+
+def mapped_kib(path) -> int:
+    """Resident KiB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_DONTNEED"), reason="no madvise here")
+def test_the_files_pages_leave_the_process_once_read(moe_q8_gguf):
+    """Read tensors' pages are dropped from the process (the page cache keeps them): else the
+    whole file would count in the server's RSS for its life, beside the weights made from it."""
+    size_kib = moe_q8_gguf.stat().st_size // 1024
+    checkpoint = load_checkpoint(moe_q8_gguf)
+    tensors = checkpoint.tensors()
+    first = [next(tensors) for _ in range(3)]
+    assert first and mapped_kib(moe_q8_gguf) > 0
+    rest = list(tensors)
+    assert len(rest) > 20
+    assert mapped_kib(moe_q8_gguf) < 0.1 * size_kib
+    again = dict(checkpoint.tensors())  # a later read faults the pages back in from the file
+    np.testing.assert_array_equal(again[rest[-1][0]], rest[-1][1])

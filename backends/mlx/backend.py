@@ -6,14 +6,14 @@ mx.quantized_matmul. Norms always stay float32.
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from qwen_serve.checkpoints.checkpoint import Checkpoint
 from qwen_serve.errors import require_choice
 from qwen_serve.models.config import ModelConfig
-from qwen_serve.models.weights import TABLE_NAMES
+from qwen_serve.models.weights import TABLE_NAMES, is_projection
 from qwen_serve.quant import int4
 
 from .blas import REFERENCE
@@ -45,7 +45,11 @@ class MLXBackend:
         require_choice("quantization", quant, self.quantizations, where=f" for the {self.name} backend")
         target = storage_dtype(dtype)
         weights = {}
-        for name, array in checkpoint_arrays(checkpoint):  # one at a time: the float model never exists whole
+        as_int4 = is_projection if quant == "int4" else None
+        for name, array in checkpoint_arrays(checkpoint, as_int4):  # one at a time: the float model never exists whole
+            if isinstance(array, int4.Int4Weight):  # converted from the file's own 4-bit blocks
+                weights[name] = QuantizedLinear.from_canonical(array)
+                continue
             weight = array.astype(target) if array.ndim > 1 else array
             mx.eval(weight)  # materialize now, not lazily inside the first request
             weights[name] = _quantize(name, weight, (importance or {}).get(name)) if quant == "int4" else weight
@@ -61,13 +65,15 @@ class MLXBackend:
         return MLXSampler()
 
 
-def checkpoint_arrays(checkpoint: Checkpoint) -> Iterator[tuple[str, mx.array]]:
-    """(name, mx.array) pairs, one at a time. safetensors' "mlx" framework goes through numpy,
-    which has no bfloat16 (the dtype real Qwen3 checkpoints ship in); such files go through torch."""
+def checkpoint_arrays(checkpoint: Checkpoint, as_int4: Callable[[str], bool] | None = None
+                      ) -> Iterator[tuple[str, mx.array | int4.Int4Weight]]:
+    """(name, mx.array) pairs, one at a time (an Int4Weight where as_int4 asks and the file allows:
+    Checkpoint.tensors). safetensors' "mlx" framework goes through numpy, which has no bfloat16
+    (the dtype real Qwen3 checkpoints ship in); such files go through torch."""
     done = set()
     try:
-        for name, array in checkpoint.tensors("mlx"):
-            yield name, _to_mlx(array)
+        for name, array in checkpoint.tensors("mlx", as_int4):
+            yield name, array if isinstance(array, int4.Int4Weight) else _to_mlx(array)
             done.add(name)
         return
     except TypeError as exc:
@@ -90,7 +96,7 @@ def _quantize(name: str, weight: mx.array, importance: np.ndarray | None) -> mx.
     83%). Norms, and widths that are not whole groups, stay float."""
     if name in TABLE_NAMES and weight.shape[-1] % int4.GROUP == 0:
         return QuantizedLinear.int8(weight)
-    if name.endswith("_proj.weight") and int4.can_quantize(weight.shape):
+    if is_projection(name) and int4.can_quantize(weight.shape):
         return QuantizedLinear.from_canonical(int4.quantize(np.array(weight.astype(mx.float32)), importance))
     return weight
 

@@ -20,7 +20,7 @@ from qwen_serve.checkpoints.checkpoint import Checkpoint
 from qwen_serve.errors import require_choice
 from qwen_serve.heap import return_free_heap
 from qwen_serve.models.config import ModelConfig
-from qwen_serve.models.weights import TABLE_NAMES
+from qwen_serve.models.weights import TABLE_NAMES, is_projection
 from qwen_serve.quant import int4
 
 from .int4_linear import Int4Linear, Int8Linear, quantizable
@@ -60,7 +60,10 @@ class TorchBackend:
         target = storage_dtype(dtype)
         scratch = Scratch()  # one dequantization buffer for the whole model
         weights = {}
-        for name, array in checkpoint.tensors("pt"):
+        for name, array in checkpoint.tensors("pt", as_int4=lambda name: self._storage(name, quant) == "int4"):
+            if isinstance(array, int4.Int4Weight):  # converted from the file's own 4-bit blocks
+                weights[name] = array
+                continue
             tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(array)
             weights[name] = self._convert(name, tensor, target, quant, scratch, (importance or {}).get(name))
             if quant != "none":
@@ -77,12 +80,18 @@ class TorchBackend:
     def _convert(self, name: str, tensor: torch.Tensor, target: torch.dtype, quant: str, scratch: Scratch,
                  importance: np.ndarray | None = None):
         if quant == "int4":
-            kind = self.head_quant if name in TABLE_NAMES else "int4" if name.endswith("_proj.weight") else "none"
-            if kind == "int4" and quantizable(tensor):
-                return Int4Linear(int4.quantize(tensor.float().numpy(), importance), scratch=scratch)
+            kind = self._storage(name, quant)
+            if kind == "int4" and quantizable(tensor):  # canonical: the layer is made once merged (_as_linear)
+                return int4.quantize(tensor.float().numpy(), importance)
             if kind == "int8":
                 return Int8Linear(tensor, scratch=scratch)
         return tensor.to(target)
+
+    def _storage(self, name: str, quant: str) -> str:
+        """How the tensor `name` is held under `quant`: "int4", "int8" or "none" (as loaded)."""
+        if quant != "int4":
+            return "none"
+        return self.head_quant if name in TABLE_NAMES else "int4" if is_projection(name) else "none"
 
     def create_kv_storage(
         self, config: ModelConfig, dtype: str, block_size: int, slab_blocks: int, max_blocks: int
@@ -113,9 +122,12 @@ def _threads_from_env() -> int | None:
 
 
 def _as_linear(weight, bias, scratch: Scratch):
-    """A float tensor becomes a DenseLinear; a layer quantized while loading is used as is."""
+    """A float tensor becomes a DenseLinear, an int4 one an Int4Linear; a layer quantized while
+    loading (int8) is used as is."""
     if isinstance(weight, torch.Tensor):
         return DenseLinear(weight, bias, scratch)
+    if isinstance(weight, int4.Int4Weight):
+        return Int4Linear(weight, None if bias is None else bias.float(), scratch=scratch)
     if bias is not None:
         weight.bias = bias.float()
     return weight

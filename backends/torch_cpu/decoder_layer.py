@@ -42,8 +42,11 @@ class LayerWeights:
         bias = self.tensors.take(f"{name}.bias") if biased else None
         return self.make_linear(self.tensors.take(f"{name}.weight"), bias)
 
-    def merged(self, kind, projections: tuple[str, ...]) -> MergedLinear:
-        return MergedLinear(projections, [self.linear(kind.prefix, p, p in kind.biased) for p in projections])
+    def merged(self, kind_prefix: str, projections: tuple[str, ...], biased: tuple[str, ...]) -> MergedLinear:
+        names = [f"{self.prefix}.{kind_prefix}.{p}" for p in projections]
+        biases = [self.tensors.take(f"{name}.bias") if p in biased else None for name, p in zip(names, projections)]
+        return MergedLinear.from_weights(projections, [self.tensors.take(f"{name}.weight") for name in names], biases,
+                                         self.make_linear)
 
 
 class AttentionLayer:
@@ -51,7 +54,7 @@ class AttentionLayer:
     it, the rotary step, attention over the cache, then o."""
 
     def __init__(self, kind: Attention, weights: LayerWeights) -> None:
-        self.qkv = weights.merged(kind, QKV)
+        self.qkv = weights.merged(kind.prefix, QKV, kind.biased)
         self.o_proj = weights.linear(kind.prefix, "o_proj", "o_proj" in kind.biased)
         self.q_norm = weights.norm(f"{kind.prefix}.q_norm.weight") if kind.qk_norm else None
         self.k_norm = weights.norm(f"{kind.prefix}.k_norm.weight") if kind.qk_norm else None
@@ -85,7 +88,7 @@ class SwiGLU:
     its weights under `kind_prefix` (e.g. "mlp" or "mlp.experts.5")."""
 
     def __init__(self, weights: LayerWeights, kind_prefix: str, biased: tuple[str, ...] = ()) -> None:
-        self.gate_up = MergedLinear(GATE_UP, [weights.linear(kind_prefix, p, p in biased) for p in GATE_UP])
+        self.gate_up = weights.merged(kind_prefix, GATE_UP, biased)
         self.down_proj = weights.linear(kind_prefix, "down_proj", "down_proj" in biased)
         self.prefix = f"{weights.prefix}.{kind_prefix}"
 

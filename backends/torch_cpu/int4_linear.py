@@ -13,9 +13,9 @@ timing both on the CPU at hand (kernel_choice.py). Without the kernels the tiles
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
+from qwen_serve.quant import int4
 from qwen_serve.quant.int4 import GROUP, Int4Weight, can_quantize
 
 from . import blocked_layout as blocked
@@ -96,8 +96,7 @@ class Int4Linear(_QuantizedLinear):
     @classmethod
     def stacked(cls, parts: list["Int4Linear"]) -> "Int4Linear":
         """One layer computing every part's output side by side (merged_linear.py): the same codes."""
-        weights = [part.canonical() for part in parts]
-        merged = Int4Weight(*(np.concatenate([getattr(w, f) for w in weights]) for f in ("packed", "scale", "zero")))
+        merged = int4.concatenate([part.canonical() for part in parts])
         stacked = cls(merged, stacked_bias(parts), scratch=parts[0].scratch, kernels=parts[0].kernels)
         stacked.plan = parts[0].plan
         return stacked

@@ -14,6 +14,8 @@ from typing import Sequence
 
 import torch
 
+from qwen_serve.quant import int4
+
 
 class MergedLinear:
     """The parts' rows stacked into one layer of the parts' type; a call returns each part's
@@ -27,12 +29,28 @@ class MergedLinear:
         self.sizes = [part.out_features for part in parts]
         self.linear = kinds.pop().stacked(parts)  # whose weight calibration watches, for every name
 
+    @classmethod
+    def from_weights(cls, names: Sequence[str], weights: Sequence, biases: Sequence, make_linear) -> "MergedLinear":
+        """The parts as loaded (make_linear turns one into a layer). int4 parts in the canonical
+        format are stacked before the one layer is made: made apart, each would be reordered
+        into the kernels' layout, back, and again once stacked (a third of a 30B-A3B load)."""
+        if not all(isinstance(weight, int4.Int4Weight) for weight in weights):
+            return cls(names, [make_linear(weight, bias) for weight, bias in zip(weights, biases)])
+        merged = cls.__new__(cls)
+        merged.names, merged.sizes = tuple(names), [weight.shape[0] for weight in weights]
+        merged.linear = make_linear(int4.concatenate(list(weights)), concatenated_bias(biases, merged.sizes))
+        return merged
+
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.linear(x).split(self.sizes, dim=-1)
 
 
 def stacked_bias(parts: Sequence) -> torch.Tensor | None:
     """The parts' biases end to end (zeros for a part without one), or None if none has one."""
-    if all(part.bias is None for part in parts):
+    return concatenated_bias([part.bias for part in parts], [part.out_features for part in parts])
+
+
+def concatenated_bias(biases: Sequence, sizes: Sequence[int]) -> torch.Tensor | None:
+    if all(bias is None for bias in biases):
         return None
-    return torch.cat([torch.zeros(part.out_features) if part.bias is None else part.bias for part in parts])
+    return torch.cat([torch.zeros(size) if bias is None else bias.float() for bias, size in zip(biases, sizes)])

@@ -2,7 +2,8 @@
 
 Two formats: HF checkpoint directories (config.json + safetensors) and GGUF files. Weights are
 yielded lazily so a backend can convert (or quantize) one tensor at a time; safetensors are
-opened in the backend's own framework, GGUF tensors arrive as float32 numpy arrays.
+opened in the backend's own framework, GGUF tensors arrive as float32 numpy arrays (or, asked
+for, Q4_0 ones as int4).
 Pickle checkpoints are never loaded.
 """
 from __future__ import annotations
@@ -24,11 +25,15 @@ class Checkpoint:
     format: str  # "hf" | "gguf"
     config: ModelConfig
     tokenizer: Tokenizer
-    _tensors: Callable[[str], Iterator[tuple[str, Any]]]
+    _tensors: Callable[[str, Callable[[str], bool] | None], Iterator[tuple[str, Any]]]
+    int4_blocks: bool = False  # every projection is stored in 4-bit blocks that tensors() converts to int4
 
-    def tensors(self, framework: str = "numpy") -> Iterator[tuple[str, Any]]:
-        """(transformers name, array) pairs; framework is a safetensors framework name."""
-        return self._tensors(framework)
+    def tensors(self, framework: str = "numpy",
+                as_int4: Callable[[str], bool] | None = None) -> Iterator[tuple[str, Any]]:
+        """(transformers name, array) pairs; framework is a safetensors framework name. Where
+        as_int4(name) is true and the file holds that tensor in 4-bit blocks that convert
+        without a float copy (GGUF Q4_0), it comes as a quant.int4.Int4Weight instead."""
+        return self._tensors(framework, as_int4)
 
     def files(self) -> list[Path]:
         """The files holding the weights."""

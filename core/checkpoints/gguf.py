@@ -1,5 +1,6 @@
 """GGUF files (llama.cpp's format): metadata -> ModelConfig, vocab -> tokenizer, tensors
-dequantized to float32 and renamed to transformers' names.
+dequantized to float32 and renamed to transformers' names. A Q4_0 projection the backend will
+hold in int4 comes as the canonical int4 format instead, converted from its blocks.
 
 A mixture of experts stores each projection of all a layer's experts as one 3-D tensor; it is
 given out one expert at a time, dequantized from that expert's own blocks, so no float copy of
@@ -10,15 +11,18 @@ permutation is undone here so the weights match the HF checkpoint the file came 
 """
 from __future__ import annotations
 
+import mmap
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from ..errors import ModelLoadError
 from ..models import architecture_for_gguf
 from ..models.architecture import read_model_config
+from ..models.weights import is_projection
+from ..quant.from_q4_0 import can_convert, int4_from_q4_0
 from .checkpoint import Checkpoint
 from .gguf_tokenizer import gguf_fields, tokenizer_from_gguf
 from .tokenizer import Tokenizer
@@ -72,21 +76,32 @@ def load_gguf(path: Path) -> Checkpoint:
     # merge (~150 MiB of Python objects for SmolLM2's vocabulary), and the Checkpoint lives as
     # long as the server.
     stored = reader.tensors
+    pages = FilePages(reader.data)
+    pages.release_span(0, min((t.data_offset for t in stored), default=0))  # the metadata, parsed
     del reader
 
-    def tensors(framework: str) -> Iterator[tuple[str, Any]]:
+    def tensors(framework: str, as_int4: Callable[[str], bool] | None = None) -> Iterator[tuple[str, Any]]:
         for tensor in stored:
             if tensor.name.split(".")[-2] in EXPERT_NAMES:
-                yield from expert_tensors(tensor)
+                yield from expert_tensors(tensor, as_int4, pages)
                 continue
             name = hf_tensor_name(tensor.name)
-            array = dequantize(tensor)
-            if architecture.gguf_rope_permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
-                heads = config.num_heads if "q_proj" in name else config.num_kv_heads
-                array = unpermute_rope_rows(array, heads)
-            yield name, array
+            permuted = architecture.gguf_rope_permuted and name.endswith(("q_proj.weight", "k_proj.weight"))
+            if not permuted and converts_to_int4(tensor.tensor_type, stored_shape(tensor), name, as_int4):
+                yield name, int4_from_q4_0(tensor.data, stored_shape(tensor))
+            else:
+                array = dequantize(tensor)
+                if permuted:
+                    heads = config.num_heads if "q_proj" in name else config.num_kv_heads
+                    array = unpermute_rope_rows(array, heads)
+                yield name, array
+            pages.release(tensor.data)  # converted by now
 
-    return Checkpoint(path=path, format="gguf", config=config, tokenizer=tokenizer, _tensors=tensors)
+    projections = [t for t in stored if t.name.split(".")[-2] in EXPERT_NAMES or is_projection(hf_tensor_name(t.name))]
+    int4_blocks = not architecture.gguf_rope_permuted and all(
+        converts_to_int4(t.tensor_type, stored_shape(t)[-2:], t.name, lambda name: True) for t in projections)
+    return Checkpoint(path=path, format="gguf", config=config, tokenizer=tokenizer, _tensors=tensors,
+                      int4_blocks=int4_blocks)
 
 
 def hf_config(fields: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
@@ -142,21 +157,65 @@ def hf_tensor_name(gguf_name: str) -> str:
     return f"model.layers.{layer}.{LAYER_NAMES[part]}.{kind}"
 
 
-def expert_tensors(tensor: Any) -> Iterator[tuple[str, np.ndarray]]:
+def expert_tensors(tensor: Any, as_int4: Callable[[str], bool] | None = None,
+                   pages: "FilePages | None" = None) -> Iterator[tuple[str, Any]]:
     """`blk.{i}.ffn_{gate,up,down}_exps.weight` ([experts, rows, cols] in numpy order) as one
     transformers tensor per expert. The reader's data is already [experts, rows, bytes per row]:
     quantized rows are whole blocks, so an expert's slice is its own blocks."""
     layer, part = tensor.name.split(".")[1:3]
-    experts, *shape = (int(d) for d in reversed(tensor.shape))
+    experts, *shape = stored_shape(tensor)
     for expert in range(experts):
         name = f"model.layers.{layer}.mlp.experts.{expert}.{EXPERT_NAMES[part]}.weight"
-        yield name, dequantize_data(tensor.data[expert], tensor.tensor_type, tuple(shape))
+        if converts_to_int4(tensor.tensor_type, tuple(shape), name, as_int4):
+            yield name, int4_from_q4_0(tensor.data[expert], tuple(shape))
+        else:
+            yield name, dequantize_data(tensor.data[expert], tensor.tensor_type, tuple(shape))
+        if pages is not None:
+            pages.release(tensor.data[expert])
+
+
+class FilePages:
+    """The file's memory map, whose pages a tensor read in has no more use for are dropped from
+    this process (madvise MADV_DONTNEED; the page cache keeps them, and a later read faults them
+    back in): else every page of the file stays resident for the server's life, counted in its
+    RSS beside the converted weights (the whole file, 17 GB for Qwen3-30B-A3B in Q4_0)."""
+
+    def __init__(self, data: np.memmap) -> None:
+        self.handle = getattr(data, "_mmap", None)
+        self.base = data.ctypes.data
+
+    def release(self, view: np.ndarray) -> None:
+        """view: a contiguous slice of the map."""
+        self.release_span(view.ctypes.data - self.base, view.ctypes.data - self.base + view.nbytes)
+
+    def release_span(self, start: int, stop: int) -> None:
+        """Bytes [start, stop) of the file: the whole pages inside."""
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        if self.handle is None or advice is None:
+            return
+        start = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        stop = stop // mmap.PAGESIZE * mmap.PAGESIZE
+        if stop > start:
+            self.handle.madvise(advice, start, stop - start)
+
+
+def stored_shape(tensor: Any) -> tuple[int, ...]:
+    """numpy order (GGUF lists dimensions innermost first)."""
+    return tuple(int(d) for d in reversed(tensor.shape))
+
+
+def converts_to_int4(tensor_type: Any, shape: tuple[int, ...], name: str,
+                     as_int4: Callable[[str], bool] | None) -> bool:
+    """A Q4_0 tensor the backend wants as int4 goes there block by block (quant.from_q4_0)."""
+    from gguf import GGMLQuantizationType
+
+    return as_int4 is not None and tensor_type == GGMLQuantizationType.Q4_0 and can_convert(shape) and as_int4(name)
 
 
 def dequantize(tensor: Any) -> np.ndarray:
     """Any GGUF tensor type the gguf package knows (F32, F16, Q8_0, Q4_1, ...) -> float32,
     shaped [rows, cols] in numpy order (GGUF lists dimensions innermost first)."""
-    return dequantize_data(tensor.data, tensor.tensor_type, tuple(int(d) for d in reversed(tensor.shape)))
+    return dequantize_data(tensor.data, tensor.tensor_type, stored_shape(tensor))
 
 
 DEQUANTIZE_ROWS = 4096  # stored rows dequantized at a time into the float32 result

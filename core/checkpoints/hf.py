@@ -30,7 +30,7 @@ def load_hf_dir(path: Path) -> Checkpoint:
     tokenizer = load_hf_tokenizer(path)
     files = _safetensors_files(path)
 
-    def tensors(framework: str) -> Iterator[tuple[str, Any]]:
+    def tensors(framework: str, as_int4: Any = None) -> Iterator[tuple[str, Any]]:  # stores no int4 blocks
         for file in files:
             with safe_open(file, framework=framework) as f:
                 for name in f.keys():

@@ -83,7 +83,9 @@ def build_engine(
     check_attention_window(checkpoint.config, config, cache)
     importance, calibration = None, ""
     if quant != "none":
-        calibration = "off (calibrate=False)" if not calibrate else float_model_too_big(checkpoint.config, dtype)
+        calibration = "off (calibrate=False)" if not calibrate else \
+            "not needed: the file's 4-bit blocks give every projection its int4 grid" if checkpoint.int4_blocks else \
+            float_model_too_big(checkpoint.config, dtype)
     if quant != "none" and not calibration:
         importance = measure_importance(compute, checkpoint, dtype, cache_factory, config, new_storage)
         calibration = "skipped: no calibration text fits, or the backend cannot watch its projections" \

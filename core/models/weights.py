@@ -13,6 +13,12 @@ FINAL_NORM = "model.norm.weight"
 TABLE_NAMES = (EMBEDDING, LM_HEAD)  # the vocabulary-sized matrices
 
 
+def is_projection(name: str) -> bool:
+    """A decoder layer's projection weight: what quant "int4" stores as int4 (the vocabulary
+    tables have a choice of their own; norms, routers and biases stay float)."""
+    return name.endswith("_proj.weight") and name not in TABLE_NAMES
+
+
 def layer_prefix(index: int) -> str:
     return f"model.layers.{index}"
 

@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "common.h"
@@ -181,57 +182,70 @@ void q8b_matmul_vnni8(const float* x, int64_t M, int64_t K, const int8_t* codes,
   });
 }
 
-// A mixture-of-experts MLP (kernels.h): the (token, slot) pairs sorted by expert, each
-// row's activations quantized once per projection, then one parallel loop over every (active
-// expert, block of 16 outputs) for gate/up and one for down, so an expert's weights stream once
-// per call however many of the step's tokens chose it, and no thread waits at a per-expert
-// barrier. The combine adds each token's top_k outputs in slot order.
+// A mixture-of-experts MLP (kernels.h): the (token, slot) pairs sorted by expert, then the
+// active experts in waves of about WAVE_ROWS pairs: each wave's rows gathered and quantized once
+// per projection, one parallel loop over every (expert, block of 16 outputs) for gate/up and one
+// for down (an expert's weights stream once per call however many tokens chose it, and no
+// thread waits at a per-expert barrier), and the weighted outputs added to their tokens in
+// expert order. The waves keep a prefill chunk's intermediates in cache: all 4,096 pairs of a
+// 512-token chunk at once took 1.6x the time of the experts run one by one.
+constexpr int64_t WAVE_ROWS = 256;
+
 void q4b_moe_vnni8(const float* x, int64_t T, int64_t H, int64_t top_k, const int64_t* chosen, const float* route,
                    const int64_t* table, int64_t E, int64_t I, float* out) {
   const int64_t P = T * top_k;
-  std::vector<int64_t> start(E + 1, 0), position(P), slot_at(P);
+  std::vector<int64_t> start(E + 1, 0), slot_at(P);
   for (int64_t p = 0; p < P; p++) start[chosen[p] + 1]++;
   for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
   std::vector<int64_t> next(start.begin(), start.end() - 1);
-  for (int64_t p = 0; p < P; p++) position[p] = next[chosen[p]]++, slot_at[position[p]] = p;
+  for (int64_t p = 0; p < P; p++) slot_at[next[chosen[p]]++] = p;
   std::vector<int64_t> active;
   for (int64_t e = 0; e < E; e++)
     if (start[e + 1] > start[e]) active.push_back(e);
+  std::fill(out, out + T * H, 0.f);
 
-  std::vector<float> rows(P * H);
-  for (int64_t q = 0; q < P; q++) __builtin_memcpy(rows.data() + q * H, x + slot_at[q] / top_k * H, H * sizeof(float));
   const __m512i pairs = pair_words();
-  // y [P, N] = the sorted rows (quantized as a) times each one's expert's projection `field`
-  // (0 gate/up, 3 down: codes, scale and zero addresses in the table).
-  auto project = [&](const Activations8& a, int64_t K, int64_t N, int field, float* y) {
-    const int64_t groups = K / GROUP, blocks = (N + 15) / 16;
-    at::parallel_for(0, static_cast<int64_t>(active.size()) * blocks, 1, [&](int64_t i_begin, int64_t i_end) {
-      for (int64_t i = i_begin; i < i_end; i++) {
-        const int64_t e = active[i / blocks], b = i % blocks;
-        const int64_t* address = table + e * 6 + field;
-        const uint8_t* codes = reinterpret_cast<const uint8_t*>(address[0]) + b * groups * 512;
-        const uint16_t* scale = reinterpret_cast<const uint16_t*>(address[1]) + b * groups * 16;
-        const uint16_t* zero = reinterpret_cast<const uint16_t*>(address[2]) + b * groups * 16;
-        for (int64_t m0 = start[e]; m0 < start[e + 1]; m0 += TILE_ROWS)
-          with_count_1_to_8(start[e + 1] - m0, [&](auto n) {
-            q4_tile<decltype(n)::value>(a, m0, K, codes, scale, zero, y, N, b * 16, pairs);
-          });
+  std::vector<float> rows, gate_up, act, down;
+  for (size_t first = 0; first < active.size();) {
+    size_t last = first + 1;  // the wave: experts active[first, last), pairs [r0, r1)
+    const int64_t r0 = start[active[first]];
+    while (last < active.size() && start[active[last] + 1] - r0 <= WAVE_ROWS) last++;
+    const int64_t r1 = start[active[last - 1] + 1], n = r1 - r0;
+    rows.resize(n * H), gate_up.resize(n * 2 * I), act.resize(n * I), down.resize(n * H);
+    for (int64_t q = 0; q < n; q++)
+      __builtin_memcpy(rows.data() + q * H, x + slot_at[r0 + q] / top_k * H, H * sizeof(float));
+    // y [n, N] = the wave's rows (quantized as a) times each one's expert's projection `field`
+    // (0 gate/up, 3 down: codes, scale and zero addresses in the table).
+    auto project = [&](const Activations8& a, int64_t K, int64_t N, int field, float* y) {
+      const int64_t groups = K / GROUP, blocks = (N + 15) / 16;
+      at::parallel_for(0, static_cast<int64_t>(last - first) * blocks, 1, [&](int64_t i_begin, int64_t i_end) {
+        for (int64_t i = i_begin; i < i_end; i++) {
+          const int64_t e = active[first + i / blocks], b = i % blocks;
+          const int64_t* address = table + e * 6 + field;
+          const uint8_t* codes = reinterpret_cast<const uint8_t*>(address[0]) + b * groups * 512;
+          const uint16_t* scale = reinterpret_cast<const uint16_t*>(address[1]) + b * groups * 16;
+          const uint16_t* zero = reinterpret_cast<const uint16_t*>(address[2]) + b * groups * 16;
+          for (int64_t m0 = start[e] - r0; m0 < start[e + 1] - r0; m0 += TILE_ROWS)
+            with_count_1_to_8(start[e + 1] - r0 - m0, [&](auto count) {
+              q4_tile<decltype(count)::value>(a, m0, K, codes, scale, zero, y, N, b * 16, pairs);
+            });
+        }
+      });
+    };
+    project(quantize8(rows.data(), n, H, true), H, 2 * I, 0, gate_up.data());
+    silu_mul(gate_up.data(), gate_up.data() + I, n, I, 2 * I, 2 * I, act.data());
+    project(quantize8(act.data(), n, I, true), I, H, 3, down.data());
+    at::parallel_for(0, H, 256, [&](int64_t h_begin, int64_t h_end) {  // columns apart: no two threads add to one
+      for (int64_t q = 0; q < n; q++) {
+        const int64_t slot = slot_at[r0 + q];
+        const float w = route[slot];
+        float* o = out + slot / top_k * H;
+        const float* y = down.data() + q * H;
+        for (int64_t h = h_begin; h < h_end; h++) o[h] += w * y[h];
       }
     });
-  };
-  std::vector<float> gate_up(P * 2 * I), act(P * I), down(P * H);
-  project(quantize8(rows.data(), P, H, true), H, 2 * I, 0, gate_up.data());
-  silu_mul(gate_up.data(), gate_up.data() + I, P, I, 2 * I, 2 * I, act.data());
-  project(quantize8(act.data(), P, I, true), I, H, 3, down.data());
-  at::parallel_for(0, T, 1, [&](int64_t t_begin, int64_t t_end) {
-    for (int64_t t = t_begin; t < t_end; t++)
-      for (int64_t j = 0; j < top_k; j++) {
-        const float w = route[t * top_k + j];
-        const float* y = down.data() + position[t * top_k + j] * H;
-        float* o = out + t * H;
-        for (int64_t h = 0; h < H; h++) o[h] = (j ? o[h] : 0.f) + w * y[h];
-      }
-  });
+    first = last;
+  }
 }
 
 #pragma GCC pop_options

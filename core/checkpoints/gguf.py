@@ -87,19 +87,16 @@ def load_gguf(path: Path) -> Checkpoint:
                 continue
             name = hf_tensor_name(tensor.name)
             permuted = architecture.gguf_rope_permuted and name.endswith(("q_proj.weight", "k_proj.weight"))
-            if not permuted and converts_to_int4(tensor.tensor_type, stored_shape(tensor), name, as_int4):
-                yield name, int4_from_q4_0(tensor.data, stored_shape(tensor))
-            else:
-                array = dequantize(tensor)
-                if permuted:
-                    heads = config.num_heads if "q_proj" in name else config.num_kv_heads
-                    array = unpermute_rope_rows(array, heads)
-                yield name, array
-            pages.release(tensor.data)  # converted by now
+            weight = read_weight(tensor.data, tensor.tensor_type, stored_shape(tensor), name,
+                                 None if permuted else as_int4, pages)
+            if permuted:
+                heads = config.num_heads if "q_proj" in name else config.num_kv_heads
+                weight = unpermute_rope_rows(weight, heads)
+            yield name, weight
 
     projections = [t for t in stored if t.name.split(".")[-2] in EXPERT_NAMES or is_projection(hf_tensor_name(t.name))]
     int4_blocks = not architecture.gguf_rope_permuted and all(
-        converts_to_int4(t.tensor_type, stored_shape(t)[-2:], t.name, lambda name: True) for t in projections)
+        stored_as_q4_0(t.tensor_type, stored_shape(t)[-2:]) for t in projections)
     return Checkpoint(path=path, format="gguf", config=config, tokenizer=tokenizer, _tensors=tensors,
                       int4_blocks=int4_blocks)
 
@@ -157,8 +154,8 @@ def hf_tensor_name(gguf_name: str) -> str:
     return f"model.layers.{layer}.{LAYER_NAMES[part]}.{kind}"
 
 
-def expert_tensors(tensor: Any, as_int4: Callable[[str], bool] | None = None,
-                   pages: "FilePages | None" = None) -> Iterator[tuple[str, Any]]:
+def expert_tensors(tensor: Any, as_int4: Callable[[str], bool] | None,
+                   pages: "FilePages") -> Iterator[tuple[str, Any]]:
     """`blk.{i}.ffn_{gate,up,down}_exps.weight` ([experts, rows, cols] in numpy order) as one
     transformers tensor per expert. The reader's data is already [experts, rows, bytes per row]:
     quantized rows are whole blocks, so an expert's slice is its own blocks."""
@@ -166,12 +163,19 @@ def expert_tensors(tensor: Any, as_int4: Callable[[str], bool] | None = None,
     experts, *shape = stored_shape(tensor)
     for expert in range(experts):
         name = f"model.layers.{layer}.mlp.experts.{expert}.{EXPERT_NAMES[part]}.weight"
-        if converts_to_int4(tensor.tensor_type, tuple(shape), name, as_int4):
-            yield name, int4_from_q4_0(tensor.data[expert], tuple(shape))
-        else:
-            yield name, dequantize_data(tensor.data[expert], tensor.tensor_type, tuple(shape))
-        if pages is not None:
-            pages.release(tensor.data[expert])
+        yield name, read_weight(tensor.data[expert], tensor.tensor_type, tuple(shape), name, as_int4, pages)
+
+
+def read_weight(data: np.ndarray, tensor_type: Any, shape: tuple[int, ...], name: str,
+                as_int4: Callable[[str], bool] | None, pages: "FilePages") -> Any:
+    """One stored tensor (or an expert's slice of one) as a private copy: int4 where the backend
+    wants it so and its blocks convert (quant.from_q4_0), else float32; its file pages dropped."""
+    if as_int4 is not None and stored_as_q4_0(tensor_type, shape) and as_int4(name):
+        weight = int4_from_q4_0(data, shape)
+    else:
+        weight = dequantize_data(data, tensor_type, shape)
+    pages.release(data)
+    return weight
 
 
 class FilePages:
@@ -204,18 +208,11 @@ def stored_shape(tensor: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in reversed(tensor.shape))
 
 
-def converts_to_int4(tensor_type: Any, shape: tuple[int, ...], name: str,
-                     as_int4: Callable[[str], bool] | None) -> bool:
-    """A Q4_0 tensor the backend wants as int4 goes there block by block (quant.from_q4_0)."""
+def stored_as_q4_0(tensor_type: Any, shape: tuple[int, ...]) -> bool:
+    """Q4_0 blocks that quant.from_q4_0 converts to int4 (a width of whole int4 groups)."""
     from gguf import GGMLQuantizationType
 
-    return as_int4 is not None and tensor_type == GGMLQuantizationType.Q4_0 and can_convert(shape) and as_int4(name)
-
-
-def dequantize(tensor: Any) -> np.ndarray:
-    """Any GGUF tensor type the gguf package knows (F32, F16, Q8_0, Q4_1, ...) -> float32,
-    shaped [rows, cols] in numpy order (GGUF lists dimensions innermost first)."""
-    return dequantize_data(tensor.data, tensor.tensor_type, stored_shape(tensor))
+    return tensor_type == GGMLQuantizationType.Q4_0 and can_convert(shape)
 
 
 DEQUANTIZE_ROWS = 4096  # stored rows dequantized at a time into the float32 result

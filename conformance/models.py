@@ -144,3 +144,49 @@ def make_qwen3_moe_checkpoint(directory: Path, routing: MoeRouting = MoeRouting(
     fields = {**asdict(routing), "mlp_only_layers": list(routing.mlp_only_layers), **config_fields}
     return make_random_checkpoint(directory, "qwen3_moe", geometry, seed, dtype, **fields)
 
+
+
+@dataclass(frozen=True)
+class LinearAttentionGeometry:
+    """The Gated DeltaNet layers of a random Qwen3.5 checkpoint (config.json's linear_* fields),
+    and every how many layers one is full attention instead."""
+
+    linear_num_key_heads: int = 2
+    linear_num_value_heads: int = 4
+    linear_key_head_dim: int = 16
+    linear_value_head_dim: int = 16
+    linear_conv_kernel_dim: int = 4
+    full_attention_interval: int = 4
+
+
+QWEN3_5_TINY = Qwen3Geometry(num_hidden_layers=4, head_dim=32)  # rotary over a quarter of 32 dimensions
+
+
+def make_qwen3_5_checkpoint(directory: Path, geometry: Qwen3Geometry = QWEN3_5_TINY,
+                            linear: LinearAttentionGeometry = LinearAttentionGeometry(), seed: int = 0,
+                            multimodal: bool = False) -> Path:
+    """Write a random Qwen3.5 checkpoint directory: Qwen3_5ForCausalLM (make_random_checkpoint), or
+    with multimodal the Qwen3_5ForConditionalGeneration layout the hub's checkpoints have (the
+    decoder's fields under text_config, its tensors under model.language_model, a one-block
+    vision tower beside), with the same decoder weights for the same seed."""
+    fields = asdict(linear)
+    interval = fields.pop("full_attention_interval")
+    fields["layer_types"] = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                             for i in range(geometry.num_hidden_layers)]
+    directory = make_random_checkpoint(directory, "qwen3_5_text", geometry, seed, **fields)
+    if not multimodal:
+        return directory
+    from transformers import AutoModelForCausalLM, Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text_model = AutoModelForCausalLM.from_pretrained(directory)
+    text = json.loads((directory / "config.json").read_text())
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=geometry.hidden_size,
+                  patch_size=4, temporal_patch_size=2, spatial_merge_size=1)
+    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision,
+                                                          tie_word_embeddings=geometry.tie_word_embeddings))
+    model.model.language_model.load_state_dict(text_model.model.state_dict())
+    model.lm_head.load_state_dict(text_model.lm_head.state_dict())
+    for stale in directory.glob("*.safetensors"):
+        stale.unlink()
+    model.eval().save_pretrained(directory, safe_serialization=True)
+    return directory

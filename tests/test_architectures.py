@@ -23,10 +23,12 @@ CHECKPOINTS = {  # config.json architectures -> (model_type, extra config fields
     "LlamaForCausalLM": ("llama", {"attention_bias": True, "mlp_bias": True}),
 }
 BACKENDS = ["torch", "mlx"]
+# hybrids of attention and linear attention, with their recurrent state's life to test too
+TESTED_APART = {"Qwen3_5ForCausalLM": "test_qwen3_5.py", "Qwen3_5ForConditionalGeneration": "test_qwen3_5.py"}
 
 
 def test_every_architecture_has_a_checkpoint_here():
-    assert sorted(CHECKPOINTS) == sorted(ARCHITECTURES)
+    assert sorted([*CHECKPOINTS, *TESTED_APART]) == sorted(ARCHITECTURES)
 
 
 @pytest.fixture(scope="module", params=sorted(CHECKPOINTS))

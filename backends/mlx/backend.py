@@ -58,7 +58,7 @@ class MLXBackend:
     def create_kv_storage(
         self, config: ModelConfig, dtype: str, block_size: int, slab_blocks: int, max_blocks: int
     ) -> MLXKVStorage:
-        return MLXKVStorage(config.num_layers, config.num_kv_heads, config.head_dim, storage_dtype(dtype),
+        return MLXKVStorage(config.kv_layers, config.num_kv_heads, config.head_dim, storage_dtype(dtype),
                             block_size, slab_blocks, max_blocks)
 
     def create_sampler(self) -> MLXSampler:

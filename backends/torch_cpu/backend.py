@@ -29,6 +29,7 @@ from .linear import DenseLinear
 from .model import DecoderModel
 from .native import load_kernels
 from .sampler import TorchSampler
+from .state_storage import TorchStateStorage
 from .tiles import Scratch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -97,9 +98,13 @@ class TorchBackend:
         self, config: ModelConfig, dtype: str, block_size: int, slab_blocks: int, max_blocks: int
     ) -> TorchKVStorage:
         return TorchKVStorage(
-            config.num_layers, config.num_kv_heads, config.head_dim, storage_dtype(dtype),
+            config.kv_layers, config.num_kv_heads, config.head_dim, storage_dtype(dtype),
             block_size, slab_blocks, max_blocks,
         )
+
+    def create_state_storage(self, config: ModelConfig, max_slots: int) -> TorchStateStorage:
+        """HoldsRecurrentState: float32 states of every linear-attention layer."""
+        return TorchStateStorage(config.linear_attention(), max_slots)
 
     def preferred_kv_dtype(self, dtype: str) -> tuple[str, str]:
         """bfloat16 keys and values where the AVX-512 kernels write them and attend over them in

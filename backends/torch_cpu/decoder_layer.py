@@ -13,29 +13,29 @@ import torch
 from qwen_serve.models.built_layer import BuiltLayer
 from qwen_serve.models.config import ModelConfig
 from qwen_serve.models.expert_groups import group_by_expert
-from qwen_serve.models.layers import Attention, DecoderLayer, DenseMLP, SparseMoE
+from qwen_serve.models.layers import Attention, DecoderLayer, DenseMLP, GatedDeltaNet, SparseMoE
 from qwen_serve.models.weights import TensorsByName
 from qwen_serve.protocols import KVCache
 
 from .attention import CachedAttention
 from .fused_experts import FusedExperts
+from .gated_deltanet import GatedDeltaNetLayer
 from .layer_ops import LayerOps
 from .merged_linear import MergedLinear
 from .step_layout import StepLayout
 
-QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
 
 
 class LayerWeights:
     """One decoder layer's tensors under its prefix, projections made by the backend's linear
-    factory (float, bf16 or int4)."""
+    factory (float, bf16 or int4); RMSNorm scales as stored plus norm_offset (ModelConfig)."""
 
-    def __init__(self, tensors: TensorsByName, prefix: str, make_linear: Callable) -> None:
-        self.tensors, self.prefix, self.make_linear = tensors, prefix, make_linear
+    def __init__(self, tensors: TensorsByName, prefix: str, make_linear: Callable, norm_offset: float = 0.0) -> None:
+        self.tensors, self.prefix, self.make_linear, self.norm_offset = tensors, prefix, make_linear, norm_offset
 
     def norm(self, name: str) -> torch.Tensor:
-        return self.tensors.take(f"{self.prefix}.{name}").float()
+        return self.tensors.take(f"{self.prefix}.{name}").float() + self.norm_offset
 
     def linear(self, kind_prefix: str, projection: str, biased: bool):
         name = f"{self.prefix}.{kind_prefix}.{projection}"
@@ -50,11 +50,11 @@ class LayerWeights:
 
 
 class AttentionLayer:
-    """models.layers.Attention: q, k and v in one matmul, per-head q/k RMSNorm when the kind has
-    it, the rotary step, attention over the cache, then o."""
+    """models.layers.Attention: q, k and v (and the output gate) in one matmul, per-head q/k
+    RMSNorm when the kind has it, the rotary step, attention over the cache, the gate, then o."""
 
     def __init__(self, kind: Attention, weights: LayerWeights) -> None:
-        self.qkv = weights.merged(kind.prefix, QKV, kind.biased)
+        self.qkv = weights.merged(kind.prefix, kind.projections[:-1], kind.biased)  # everything but o_proj
         self.o_proj = weights.linear(kind.prefix, "o_proj", "o_proj" in kind.biased)
         self.q_norm = weights.norm(f"{kind.prefix}.q_norm.weight") if kind.qk_norm else None
         self.k_norm = weights.norm(f"{kind.prefix}.k_norm.weight") if kind.qk_norm else None
@@ -76,11 +76,13 @@ class AttentionLayer:
     def __call__(self, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
                  step: StepLayout, config: ModelConfig, ops: LayerOps, attention: CachedAttention) -> torch.Tensor:
         c, T = config, x.shape[0]
-        q, k, v = self.qkv(x)  # column slices of one output
+        q, k, v, *gate = self.qkv(x)  # column slices of one output
         q = ops.head_norm_rope(q.view(T, c.num_heads, c.head_dim), self.q_norm, c.rms_norm_eps, cos, sin)
         k = ops.head_norm_rope(k.view(T, c.num_kv_heads, c.head_dim), self.k_norm, c.rms_norm_eps, cos, sin)
-        out = attention(index, q, k, v.view(T, c.num_kv_heads, c.head_dim), cache, step)
-        return self.o_proj(out.reshape(T, c.num_heads * c.head_dim))
+        out = attention(index, q, k, v.view(T, c.num_kv_heads, c.head_dim), cache, step).reshape(T, -1)
+        if gate:
+            out = out * torch.sigmoid(gate[0])
+        return self.o_proj(out)
 
 
 class SwiGLU:
@@ -162,7 +164,8 @@ def run_experts_grouped(experts: list, x: torch.Tensor, weights: torch.Tensor, c
     return out
 
 
-IMPLEMENTED = {Attention: AttentionLayer, DenseMLP: DenseMLPLayer, SparseMoE: SparseMoELayer}
+IMPLEMENTED = {Attention: AttentionLayer, GatedDeltaNet: GatedDeltaNetLayer, DenseMLP: DenseMLPLayer,
+               SparseMoE: SparseMoELayer}
 
 
 def build_layer(description: DecoderLayer, weights: LayerWeights) -> BuiltLayer:

@@ -63,13 +63,17 @@ class LayerOps:
     def head_norm_rope(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float, cos: torch.Tensor,
                        sin: torch.Tensor) -> torch.Tensor:
         """x [T, heads, D]: RMSNorm per head (when weight is given), then the rotary embedding at
-        the positions whose cos and sin are [T, D]. x may be a column slice (rows at a stride)."""
-        if self.ops is not None and float_rows(x) and _fusable(cos, sin):
+        the positions whose cos and sin are [T, R], on the first R dimensions of each head (R < D:
+        partial rotary, the rest passes). x may be a column slice (rows at a stride)."""
+        rotary = cos.shape[-1]
+        if self.ops is not None and rotary == x.shape[-1] and float_rows(x) and _fusable(cos, sin):
             self.ops.head_norm_rope_(x, weight, eps, cos, sin)
             return x
         if weight is not None:
             x = rms_norm(x, weight, eps)
-        return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+        turned = x[..., :rotary]
+        turned = turned * cos[:, None, :] + rotate_half(turned) * sin[:, None, :]
+        return turned if rotary == x.shape[-1] else torch.cat([turned, x[..., rotary:]], dim=-1)
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         """gate, up [T, n], each may be a column slice (the halves of a merged gate/up output)."""

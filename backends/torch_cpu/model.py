@@ -19,6 +19,7 @@ from qwen_serve.protocols import KVCache, StepBatch
 from .attention import CachedAttention
 from .decoder_layer import LayerWeights, build_layer
 from .fused_decode import FusedDecode
+from .gated_deltanet import state_layout
 from .huge_pages import move_to_huge_pages
 from .kernel_choice import choose_paths, describe
 from .layer_ops import LayerOps
@@ -40,9 +41,12 @@ class DecoderModel:
         self.embed = make_linear(tensors.take(EMBEDDING), None)
         self.layers = []
         for i, description in enumerate(c.layers):
-            self.layers.append(build_layer(description, LayerWeights(tensors, layer_prefix(i), make_linear)))
+            self.layers.append(build_layer(description, LayerWeights(tensors, layer_prefix(i), make_linear,
+                                                                     c.norm_offset)))
             return_free_heap()  # the loaded tensors this layer was made from (else ~2x the weights at the end)
-        self.norm = tensors.take(FINAL_NORM).float()
+        self.norm = tensors.take(FINAL_NORM).float() + c.norm_offset
+        self.mixer_indices = c.mixer_indices()  # each layer's KV layer or state layer
+        self.recurrent = bool(c.linear_attention())
         self.lm_head = language_model_head(c, tensors, self.embed, make_linear)
         tensors.check_all_taken()
         self.kernels = kernels = load_kernels()
@@ -59,8 +63,9 @@ class DecoderModel:
         self.attention = CachedAttention(scale=c.head_dim ** -0.5)
         self.ops = LayerOps(kernels)
         self.fused = FusedDecode.for_layers(self.layers, kernels)  # None: every step goes op by op
-        self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
-        self._rope_table = (torch.empty(0, c.head_dim), torch.empty(0, c.head_dim))
+        rotary = c.rotary_dims
+        self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, rotary, 2, dtype=torch.int64).float() / rotary))
+        self._rope_table = (torch.empty(0, rotary), torch.empty(0, rotary))
 
     def projections(self):
         """Calibratable.projections, layer by layer."""
@@ -105,6 +110,8 @@ class DecoderModel:
         """The final norm's output at the sampled positions."""
         step = build_layout(batch, cache)
         step.paged = paged_decode_layout(step, cache, self.kernels)
+        if self.recurrent:
+            step.states = state_layout(batch, cache)
         token_ids = torch.as_tensor([t for c in batch.chunks for t in c.token_ids], dtype=torch.long)
         hidden = self.embed.lookup(token_ids)
         cos, sin = self._rope(step.positions)
@@ -126,7 +133,7 @@ class DecoderModel:
         (the last residual is added for the sampled rows only)."""
         ops, eps = self.ops, self.config.rms_norm_eps
         for index, layer in enumerate(self.layers):
-            mixed = layer.mixer(index, x, cos, sin, cache, step, self.config, ops, self.attention)
+            mixed = layer.mixer(self.mixer_indices[index], x, cos, sin, cache, step, self.config, ops, self.attention)
             hidden, x = ops.add_rms_norm(hidden, mixed, layer.post_norm, eps)
             mlp = layer.mlp(x, ops)
             if index + 1 < len(self.layers):

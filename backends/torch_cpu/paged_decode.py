@@ -2,7 +2,8 @@
 each decoding sequence's keys and values are read block by block through its block table, so no
 step gathers a sequence's whole history into a new tensor (the gather's cost grows with context).
 
-The dispatch point: only the core caches (PagedKVCache, NaiveKVCache; exact types) over this
+The dispatch point: only the core caches (PagedKVCache, NaiveKVCache; exact types, or either
+inside the core's HybridCache, which keeps a hybrid model's recurrent states beside) over this
 backend's TorchKVStorage, float32 or bfloat16, on an AVX-512 CPU. Any other cache (a third-party
 one, a subclass, int8 or sliding-window caches arriving through the Protocols) may store or
 order keys differently, so it keeps the generic path: KVCache.read, then SDPA.
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from qwen_serve.kv.hybrid import ForkingHybridCache, HybridCache
 from qwen_serve.kv.naive import NaiveKVCache
 from qwen_serve.kv.paged import PagedKVCache
 from qwen_serve.protocols import KVCache
@@ -42,6 +44,8 @@ class PagedDecode:
 
 
 def reads_in_place(cache: KVCache, kernels: Kernels | None) -> bool:
+    if type(cache) in (HybridCache, ForkingHybridCache):
+        cache = cache.kv
     if kernels is None or kernels.isa != "avx512" or type(cache) not in IN_PLACE_CACHES:
         return False
     storage = cache.storage

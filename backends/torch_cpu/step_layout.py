@@ -46,6 +46,7 @@ class StepLayout:
     prefills: list[PrefillSpan]
     sample_rows: torch.Tensor  # rows whose logits are wanted, in chunk order (increasing)
     paged: Any = None  # a paged_decode.PagedDecode when decode attention reads the cache in place
+    states: Any = None  # a gated_deltanet.StateLayout when the model has linear-attention layers
 
     @property
     def all_rows_sampled(self) -> bool:

@@ -10,7 +10,7 @@ import tokenizers
 from safetensors import safe_open
 
 from ..errors import ModelLoadError
-from ..models import model_config_from_hf
+from ..models import architecture_named, model_config_from_hf
 from ..sampling.defaults import SamplingDefaults
 from .checkpoint import Checkpoint, read_json
 from .tokenizer import Tokenizer
@@ -29,12 +29,13 @@ def load_hf_dir(path: Path) -> Checkpoint:
         config = dataclasses.replace(config, pooling=pooling)
     tokenizer = load_hf_tokenizer(path)
     files = _safetensors_files(path)
+    as_read = architecture_named(config.architecture).tensors  # renamed, split or dropped as it reads them
 
     def tensors(framework: str, as_int4: Any = None) -> Iterator[tuple[str, Any]]:  # stores no int4 blocks
         for file in files:
             with safe_open(file, framework=framework) as f:
                 for name in f.keys():
-                    yield with_model_prefix(name), f.get_tensor(name)
+                    yield from as_read(with_model_prefix(name), f.get_tensor(name), config)
 
     return Checkpoint(path=path, format="hf", config=config, tokenizer=tokenizer, _tensors=tensors)
 

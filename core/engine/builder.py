@@ -11,11 +11,22 @@ from ..checkpoints.checkpoint import Checkpoint, load_checkpoint
 from ..checkpoints.default_model import default_model_path
 from ..checkpoints.tokenizer import Tokenizer
 from ..config import EngineConfig
+from ..errors import ModelLoadError
 from ..heap import available_bytes
+from ..kv.hybrid import with_recurrent_state
 from ..kv.window import check_attention_window, with_declared_window
 from ..models.config import ModelConfig
 from ..pooling.task import resolve_task
-from ..protocols import Backend, Calibratable, ChoosesKVDtype, KVCache, KVStorage, ModelExecutor
+from ..protocols import (
+    Backend,
+    Calibratable,
+    ChoosesKVDtype,
+    HoldsRecurrentState,
+    KVCache,
+    KVStorage,
+    ModelExecutor,
+    SlidingWindow,
+)
 from ..quant.calibration import (
     calibration_token_lists,
     importance_key,
@@ -78,8 +89,11 @@ def build_engine(
         return registry.create_kv_storage(kv_cache, compute, checkpoint.config, config.kv_dtype, config.block_size,
                                           config.slab_blocks, config.kv_blocks)
 
+    def new_cache(storage: KVStorage, config: EngineConfig) -> KVCache:
+        return with_state_if_needed(cache_factory(storage, config), compute, checkpoint.config, config)
+
     storage = new_storage(config)  # storage grows on first use: building it now costs nothing
-    cache = cache_factory(storage, config)
+    cache = new_cache(storage, config)
     check_attention_window(checkpoint.config, config, cache)
     importance, calibration = None, ""
     if quant != "none":
@@ -87,7 +101,7 @@ def build_engine(
             "not needed: the file's 4-bit blocks give every projection its int4 grid" if checkpoint.int4_blocks else \
             float_model_too_big(checkpoint.config, dtype)
     if quant != "none" and not calibration:
-        importance = measure_importance(compute, checkpoint, dtype, cache_factory, config, new_storage)
+        importance = measure_importance(compute, checkpoint, dtype, new_cache, config, new_storage)
         calibration = "skipped: no calibration text fits, or the backend cannot watch its projections" \
             if importance is None else "by the activations of the calibration text"
         gc.collect()  # the float model may sit in reference cycles: free it before loading again
@@ -100,6 +114,20 @@ def build_engine(
     engine = Engine(executor, cache, compute.create_sampler(), checkpoint.tokenizer, config, processors, proposer)
     return EngineParts(engine, compute, executor, cache, checkpoint.tokenizer, checkpoint,
                        checkpoint.config, config, registry, storage, kv_dtype_reason, calibration)
+
+
+def with_state_if_needed(cache: KVCache, compute: Backend, model_config: ModelConfig, config: EngineConfig) -> KVCache:
+    """cache itself, or for a model with linear-attention layers cache wrapped to hold a
+    recurrent state for each of the max_batch sequences a step may run (kv.hybrid)."""
+    if not model_config.linear_attention():
+        return cache
+    if not isinstance(compute, HoldsRecurrentState):
+        raise ModelLoadError(f"the {compute.name} backend does not run linear-attention layers "
+                             f"({model_config.architecture}) yet")
+    if isinstance(cache, SlidingWindow):
+        raise ValueError(f"{model_config.architecture} keeps a recurrent state beside its attention layers; "
+                         "a sliding-window KV cache cannot serve it")
+    return with_recurrent_state(cache, compute.create_state_storage(model_config, config.max_batch), config.max_batch)
 
 
 def float_model_too_big(model_config: ModelConfig, dtype: str, headroom: float = 0.8) -> str:

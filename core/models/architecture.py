@@ -6,7 +6,7 @@ the same dict in its ``decoder_layer``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .config import ModelConfig
 from .layers import DecoderLayer
@@ -41,6 +41,10 @@ class Architecture:
     gguf_rope_permuted: bool = False  # llama.cpp's converter permutes this architecture's q/k rows
     # (config.json) -> (window, which layers attend over only the last `window` positions)
     window_layers: Callable[[dict[str, Any]], tuple[int | None, tuple[bool, ...]]] = sliding_window_layers
+    # (name, array, config) -> the tensors under the names the layer kinds read: a checkpoint
+    # tensor renamed, split (a gate stored inside q_proj) or dropped (weights for another task)
+    tensors: Callable[[str, Any, ModelConfig], Iterable[tuple[str, Any]]] = lambda name, array, config: ((name, array),)
+    norm_offset: float = 0.0  # what its RMSNorm scales are stored relative to (ModelConfig.norm_offset)
 
 
 def read_model_config(architecture: Architecture, cfg: dict[str, Any], name: str) -> ModelConfig:
@@ -59,15 +63,17 @@ def read_model_config(architecture: Architecture, cfg: dict[str, Any], name: str
         raise ValueError(f"rope scaling {rope_type!r} is not supported")
     eos = cfg.get("eos_token_id")
     num_layers = cfg["num_hidden_layers"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    rotary_fraction = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     return ModelConfig(
         architecture=architecture.hf_name,
         vocab_size=cfg["vocab_size"],
         hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg["intermediate_size"],
+        intermediate_size=cfg.get("intermediate_size", 0),  # 0: every layer a mixture of experts
         num_layers=num_layers,
         num_heads=heads,
         num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        head_dim=head_dim,
         rope_theta=float(rope_theta),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=cfg.get("max_position_embeddings", 4096),
@@ -77,4 +83,6 @@ def read_model_config(architecture: Architecture, cfg: dict[str, Any], name: str
         bos_token_id=cfg.get("bos_token_id"),
         name=name,
         sliding_window=window if all(sliding) else None,
+        rotary_dim=None if rotary_fraction == 1.0 else int(head_dim * rotary_fraction),
+        norm_offset=architecture.norm_offset,
     )

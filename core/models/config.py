@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..sampling.defaults import SamplingDefaults
-from .layers import DecoderLayer, DenseMLP, SparseMoE
+from .layers import Attention, DecoderLayer, DenseMLP, GatedDeltaNet, Mixer, SparseMoE
 
 
 @dataclass(frozen=True)
@@ -36,17 +36,50 @@ class ModelConfig:
     # any width up to hidden_size; else those widths.
     matryoshka_dimensions: tuple[int, ...] | None = None
     head: bool = True  # False: built without the language-model head (serving embeddings only)
+    rotary_dim: int | None = None  # head dimensions the rotary step turns (the first ones); None: all
+    # RMSNorm scales stored zero-centred (Qwen3.5, Qwen3-Next: the scale is 1 + weight): added at load
+    norm_offset: float = 0.0
 
     def __post_init__(self) -> None:
         if self.layers and len(self.layers) != self.num_layers:
             raise ValueError(f"{len(self.layers)} layer descriptions for {self.num_layers} layers")
 
+    @property
+    def rotary_dims(self) -> int:
+        return self.rotary_dim or self.head_dim
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers that keep keys and values per token (attention); a linear-attention layer keeps
+        a recurrent state per sequence instead. Every layer, for a geometry-only config."""
+        return sum(isinstance(layer.mixer, Attention) for layer in self.layers) if self.layers else self.num_layers
+
+    def linear_attention(self) -> list[GatedDeltaNet]:
+        """The recurrent-state layers, in order (the state storage numbers them so)."""
+        return [layer.mixer for layer in self.layers if isinstance(layer.mixer, GatedDeltaNet)]
+
+    def mixer_indices(self) -> list[int]:
+        """Each layer's index among the layers of its mixer's kind: its KV layer (attention) or its
+        state layer (linear attention)."""
+        seen: dict[type, int] = {}
+        indices = []
+        for layer in self.layers:
+            indices.append(seen.get(type(layer.mixer), 0))
+            seen[type(layer.mixer)] = indices[-1] + 1
+        return indices
+
     def parameters(self) -> int:
         """The model's parameters as its layer descriptions count them (the norms left out)."""
-        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        h = self.hidden_size
         tables = self.vocab_size * h * (1 if self.tie_word_embeddings or not self.head else 2)
-        attention = 2 * h * q + 2 * h * kv
-        return tables + sum(attention + mlp_parameters(layer.mlp, h, self.intermediate_size) for layer in self.layers)
+        return tables + sum(self.mixer_parameters(layer.mixer) + mlp_parameters(layer.mlp, h, self.intermediate_size)
+                            for layer in self.layers)
+
+    def mixer_parameters(self, kind: Mixer) -> int:
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if isinstance(kind, GatedDeltaNet):
+            return kind.parameters(h)
+        return 2 * h * q + 2 * h * kv + (h * q if kind.output_gate else 0)
 
     def with_eos(self, extra: tuple[int, ...]) -> "ModelConfig":
         merged = tuple(dict.fromkeys(self.eos_token_ids + extra))

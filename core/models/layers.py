@@ -13,16 +13,23 @@ from typing import ClassVar
 
 @dataclass(frozen=True)
 class Attention:
-    """Grouped-query self-attention over the KV cache, rotary positions on every head dimension.
+    """Grouped-query self-attention over the KV cache, rotary positions on the first
+    ModelConfig.rotary_dim dimensions of every head.
 
-    Room to grow (each a field when an architecture needs it): partial rotary, an output gate
-    (gated attention), a sliding window per layer."""
+    With output_gate (Qwen3.5, Qwen3-Next: gated attention) the output is multiplied by
+    sigmoid(output_gate_proj(x)) before o_proj; the checkpoints store the gate's rows inside
+    q_proj, which the architecture's reader splits off (qwen3_5.py)."""
 
     qk_norm: bool = False  # RMSNorm over each head's queries and keys before the rotary step (Qwen3)
     biased: tuple[str, ...] = ()  # projections that add a bias, e.g. q, k and v in Qwen2
+    output_gate: bool = False
 
     prefix: ClassVar[str] = "self_attn"
-    projections: ClassVar[tuple[str, ...]] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+    @property
+    def projections(self) -> tuple[str, ...]:
+        gate = ("output_gate_proj",) if self.output_gate else ()
+        return ("q_proj", "k_proj", "v_proj") + gate + ("o_proj",)
 
     def weight_names(self) -> tuple[str, ...]:
         names = [f"{self.prefix}.{p}.weight" for p in self.projections]
@@ -88,7 +95,61 @@ class SparseMoE:
         return shapes
 
 
-Mixer = Attention  # what mixes information across positions; linear attention joins it later
+@dataclass(frozen=True)
+class GatedDeltaNet:
+    """Gated DeltaNet linear attention (Qwen3.5, Qwen3-Next; Yang, Kautz and Hatamizadeh, "Gated
+    Delta Networks", 2024): a recurrent state per sequence instead of keys and values per token.
+
+    in_proj_qkv(x) passes a causal depthwise convolution of conv_kernel taps (then SiLU) and splits
+    into queries and keys (num_key_heads x key_dim, L2-normalized per head) and values
+    (num_value_heads x value_dim); value head h reads key head h // (num_value_heads /
+    num_key_heads). Per value head the state S [key_dim, value_dim] decays by exp(g) and takes a
+    delta-rule write of strength beta = sigmoid(in_proj_b(x)), g = -exp(A_log) *
+    softplus(in_proj_a(x) + dt_bias); the output S^T q is RMS-normed per head (norm.weight, a
+    plain scale), gated by silu(in_proj_z(x)) and projected by out_proj. The state a sequence
+    carries is the convolution's last conv_kernel - 1 inputs and S, both float32."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_dim: int
+    value_dim: int
+    conv_kernel: int
+
+    prefix: ClassVar[str] = "linear_attn"
+    projections: ClassVar[tuple[str, ...]] = ("in_proj_qkv", "in_proj_z", "out_proj")  # int4 under quant
+    gates: ClassVar[tuple[str, ...]] = ("in_proj_a", "in_proj_b")  # one row per value head: kept float
+
+    def __post_init__(self) -> None:
+        if self.num_value_heads % self.num_key_heads:
+            raise ValueError(f"{self.num_value_heads} value heads cannot share {self.num_key_heads} key heads evenly")
+        if self.conv_kernel < 1:
+            raise ValueError(f"a convolution of {self.conv_kernel} taps")
+
+    @property
+    def conv_channels(self) -> int:
+        """Width of in_proj_qkv's output, which the convolution runs over: queries, keys, values."""
+        return 2 * self.num_key_heads * self.key_dim + self.num_value_heads * self.value_dim
+
+    def state_shapes(self) -> tuple[tuple[int, int], tuple[int, int, int]]:
+        """A sequence's (convolution history [conv_kernel - 1, conv_channels], recurrent state
+        [num_value_heads, key_dim, value_dim]), float32."""
+        return (self.conv_kernel - 1, self.conv_channels), (self.num_value_heads, self.key_dim, self.value_dim)
+
+    def state_bytes(self) -> int:
+        (taps, channels), (heads, k, v) = self.state_shapes()
+        return 4 * (taps * channels + heads * k * v)
+
+    def parameters(self, hidden: int) -> int:
+        value_width = self.num_value_heads * self.value_dim
+        return hidden * (self.conv_channels + 2 * value_width + 2 * self.num_value_heads) + \
+            self.conv_channels * self.conv_kernel
+
+    def weight_names(self) -> tuple[str, ...]:
+        return tuple(f"{self.prefix}.{p}.weight" for p in self.projections + self.gates + ("conv1d", "norm")) + \
+            (f"{self.prefix}.A_log", f"{self.prefix}.dt_bias")
+
+
+Mixer = Attention | GatedDeltaNet  # what mixes information across positions
 FeedForward = DenseMLP | SparseMoE
 
 

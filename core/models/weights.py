@@ -13,10 +13,15 @@ FINAL_NORM = "model.norm.weight"
 TABLE_NAMES = (EMBEDDING, LM_HEAD)  # the vocabulary-sized matrices
 
 
+# linear attention's input projections (layers.GatedDeltaNet), named without the usual suffix
+LINEAR_ATTENTION_PROJECTIONS = (".in_proj_qkv.weight", ".in_proj_z.weight")
+
+
 def is_projection(name: str) -> bool:
     """A decoder layer's projection weight: what quant "int4" stores as int4 (the vocabulary
-    tables have a choice of their own; norms, routers and biases stay float)."""
-    return name.endswith("_proj.weight") and name not in TABLE_NAMES
+    tables have a choice of their own; norms, routers, biases and linear attention's per-head
+    gates stay float)."""
+    return name.endswith(("_proj.weight",) + LINEAR_ATTENTION_PROJECTIONS) and name not in TABLE_NAMES
 
 
 def layer_prefix(index: int) -> str:

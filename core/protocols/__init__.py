@@ -1,5 +1,5 @@
 """The contracts between the framework-free core and compute backends, one file per concern
-(kv, batch, logits, backend, speculative), every name importable from here.
+(kv, state, batch, logits, backend, speculative), every name importable from here.
 
 Arrays appear as ``Any``: each backend passes its own tensor type through the core untouched.
 Optional abilities (of a KV cache, a backend, a logits processor) are separate
@@ -31,10 +31,11 @@ from .kv import (
 )
 from .logits import Completing, LogitsProcessor, LogitsRequest, LogitsState, TakesRequestArgs
 from .speculative import DraftVerifying, Proposer
+from .state import HoldsRecurrentState, RecurrentState, StateStorage
 
 __all__ = [
-    "Backend", "Calibratable", "ChoosesKVDtype", "ChoosesKernels", "ReadsRoutedExperts", "Completing", "DraftVerifying", "Forking",
+    "Backend", "Calibratable", "ChoosesKVDtype", "ChoosesKernels", "ReadsRoutedExperts", "Completing", "DraftVerifying", "Forking", "HoldsRecurrentState",
     "KVCache", "KVStorage", "KVUsage", "LogitsProcessor", "LogitsRequest", "LogitsState", "LossyKV",
-    "ModelExecutor", "Pools", "PrefixCaching", "Proposer", "QuantizedLinear", "ReservesAhead", "Rewinding", "SampleResult",
-    "Sampler", "ScheduledChunk", "SlidingWindow", "StepBatch", "TakesRequestArgs",
+    "ModelExecutor", "Pools", "PrefixCaching", "Proposer", "QuantizedLinear", "RecurrentState", "ReservesAhead", "Rewinding", "SampleResult",
+    "Sampler", "ScheduledChunk", "SlidingWindow", "StateStorage", "StepBatch", "TakesRequestArgs",
 ]

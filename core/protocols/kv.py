@@ -9,13 +9,15 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 @dataclass(frozen=True)
 class KVUsage:
-    """Block accounting of a KV cache at one moment (all counts in blocks)."""
+    """Block accounting of a KV cache at one moment (counts in blocks, states in slots)."""
 
     total: int
     used: int  # held by a sequence or by the prefix cache; used + free == total
     cached: int  # holding a published prefix hash (in use or evictable)
     prefix_hit_blocks: int = 0
     cow_copies: int = 0
+    states_total: int = 0  # recurrent-state slots (a model with linear attention; protocols.state)
+    states_used: int = 0  # held by a sequence
 
     @property
     def free(self) -> int:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..kv.memory import blocks_spanned
-from ..protocols import ChoosesKernels, ReadsRoutedExperts, SlidingWindow
+from ..kv.memory import blocks_spanned, format_bytes
+from ..protocols import ChoosesKernels, PrefixCaching, ReadsRoutedExperts, RecurrentState, SlidingWindow
 from ..sampling.defaults import SamplingDefaults
 
 
@@ -40,6 +40,13 @@ def format_memory_plan(parts: Any, dtype: str, quant: str, sampling_defaults: Sa
         f"{e.block_size} tokens, pool {e.kv_blocks} blocks = {mib(per_block * e.kv_blocks)} "
         f"(grown {e.slab_blocks} blocks at a time)",
     ]
+    if isinstance(parts.cache, RecurrentState):
+        linear, state = len(m.linear_attention()), parts.cache.state_storage.bytes_per_slot()
+        slots = parts.cache.usage().states_total
+        lines.append(f"states     {linear} of {m.num_layers} layers are linear attention: {format_bytes(state)} of float32 "
+                     f"state per sequence whatever its length (as much as {state // max(per_token, 1):,} tokens of KV), "
+                     f"{slots} slots = {format_bytes(state * slots)} at most; the KV above is the {m.kv_layers} "
+                     "attention layers'")
     if isinstance(parts.cache, SlidingWindow):
         held = blocks_spanned(parts.cache.window, e.block_size)
         lines.append(f"window     {parts.cache.window} tokens: a decoding sequence holds at most {held} blocks "
@@ -47,7 +54,7 @@ def format_memory_plan(parts: Any, dtype: str, quant: str, sampling_defaults: Sa
     lines.append(
         f"scheduler  max batch {e.max_batch} sequences, step budget {e.step_budget} tokens, "
         f"prefill chunk {e.chunk_size} tokens, max sequence {parts.engine.max_seq_len} tokens, "
-        f"prefix cache {'on' if e.prefix_cache else 'off'}")
+        f"prefix cache {'on' if e.prefix_cache and isinstance(parts.cache, PrefixCaching) else 'off'}")
     if e.task != "generate":
         served = ("POST /v1/embeddings: the last token's final hidden state, L2-normalised" if e.task == "embed"
                   else "POST /v1/rerank and /v1/score: P(yes) of Qwen3-Reranker's verdict")

@@ -1,0 +1,151 @@
+"""Qwen3.5 (Gated DeltaNet hybrids) on torch: greedy output equals transformers token for token on
+tiny random checkpoints transformers wrote (text-only and multimodal layouts), through chunked
+prefill longer than a prefill chunk and a delta-rule block, mixed-length batches, preemption and
+recomputation, and n=2 forks; the two forms of the delta rule agree with transformers' float
+reference; every recurrent-state slot comes back."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+import torch
+
+from qwen_serve import LLM, SamplingParams
+from qwen_serve.backends.torch_cpu import delta_rule
+from qwen_serve.conformance.models import LinearAttentionGeometry, make_qwen3_5_checkpoint
+from qwen_serve.conformance.reference import hf_greedy
+from qwen_serve.errors import ModelLoadError
+from qwen_serve.models.layers import Attention, GatedDeltaNet
+
+NEW_TOKENS = 12
+LAYOUTS = {
+    "text-only, 3:1": dict(multimodal=False),
+    "multimodal, value heads = key heads, every other layer full": dict(
+        multimodal=True, linear=LinearAttentionGeometry(linear_num_value_heads=2, full_attention_interval=2)),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def layout(request):
+    return LAYOUTS[request.param]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(layout, tmp_path_factory):
+    return make_qwen3_5_checkpoint(tmp_path_factory.mktemp("qwen3_5"), seed=2, **layout)
+
+
+@lru_cache(maxsize=None)
+def reference(path, prompt: tuple[int, ...]) -> list[int]:
+    return hf_greedy(path, list(prompt), NEW_TOKENS)
+
+
+def prompts(llm: LLM) -> list[list[int]]:
+    return [llm.tokenizer.encode("The quick brown fox"),
+            llm.tokenizer.encode(" ".join(f"word{i}" for i in range(60))),  # > a 32-token chunk and a 64-token block
+            llm.tokenizer.encode("Hi")]
+
+
+def test_the_description_follows_layer_types(checkpoint, layout):
+    config = LLM(str(checkpoint)).config
+    interval = layout.get("linear", LinearAttentionGeometry()).full_attention_interval
+    assert [type(layer.mixer) for layer in config.layers] == \
+        [Attention if (i + 1) % interval == 0 else GatedDeltaNet for i in range(config.num_layers)]
+    assert all(layer.mixer.output_gate for layer in config.layers if isinstance(layer.mixer, Attention))
+    assert config.rotary_dim == config.head_dim // 4 and config.norm_offset == 1.0
+    assert config.kv_layers == config.num_layers // interval
+
+
+@pytest.mark.parametrize("kv_cache", ["paged", "naive"])
+def test_greedy_equals_transformers(checkpoint, kv_cache):
+    llm = LLM(str(checkpoint), kv_cache=kv_cache, chunk_size=32)
+    batch = prompts(llm)
+    outs = llm.generate(batch, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+    for prompt, out in zip(batch, outs):
+        assert out.token_ids == reference(checkpoint, tuple(prompt))
+    assert len(set(outs[1].token_ids)) > 3, "a random model should produce varied tokens"
+    usage = llm.parts.cache.usage()
+    assert usage.states_total == llm.parts.engine_config.max_batch and usage.states_used == 0
+
+
+def test_preemption_recomputes_the_state(checkpoint):
+    llm = LLM(str(checkpoint), kv_blocks=14, prefix_cache=False, chunk_size=32)
+    batch = prompts(llm)
+    outs = llm.generate(batch, SamplingParams(max_tokens=24, ignore_eos=True))
+    assert llm.engine.scheduler.num_preemptions > 0
+    for prompt, out in zip(batch, outs):
+        assert out.token_ids[:NEW_TOKENS] == reference(checkpoint, tuple(prompt))
+    usage = llm.parts.cache.usage()
+    assert usage.used == 0 and usage.states_used == 0
+
+
+def test_two_choices_each_continue_from_the_prompts_state(checkpoint):
+    llm = LLM(str(checkpoint), chunk_size=32)
+    prompt = prompts(llm)[1]
+    outs = llm.generate([prompt], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True, n=2))
+    assert llm.engine.stats.prefill_tokens_total == len(prompt)  # prefilled once, then forked
+    assert [o.token_ids for o in outs] == [reference(checkpoint, tuple(prompt))] * 2
+    seeded = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True, temperature=1.0, seed=5)
+    forked = llm.generate([prompt], SamplingParams(**{**seeded.__dict__, "n": 2}))
+    alone = [llm.generate([prompt], SamplingParams(**{**seeded.__dict__, "seed": 5 + i}))[0] for i in range(2)]
+    assert [o.token_ids for o in forked] == [o.token_ids for o in alone]
+    assert llm.parts.cache.usage().states_used == 0
+
+
+def test_abort_returns_the_state_slot(checkpoint):
+    llm = LLM(str(checkpoint), chunk_size=16)
+    engine = llm.engine
+    engine.add_request("r", prompts(llm)[1], SamplingParams(max_tokens=NEW_TOKENS, n=2))
+    engine.step()
+    assert llm.parts.cache.usage().states_used == 1
+    assert engine.abort("r")
+    assert llm.parts.cache.usage().states_used == 0 and llm.parts.cache.usage().used == 0
+
+
+def test_the_mlx_backend_says_it_cannot_run_linear_attention(checkpoint):
+    with pytest.raises(ModelLoadError, match="mlx backend does not run linear-attention layers"):
+        LLM(str(checkpoint), backend="mlx")
+
+
+def test_a_sliding_window_cache_is_refused(checkpoint):
+    with pytest.raises(ValueError, match="sliding-window KV cache cannot serve it"):
+        LLM(str(checkpoint), kv_cache="sliding-window", kv_window=64)
+
+
+# --- the delta rule's two forms against transformers' float reference ---------------------------
+@pytest.mark.parametrize("length,heads,key_dim,value_dim,block", [
+    (1, 2, 8, 8, 64), (5, 2, 16, 8, 16), (64, 3, 16, 16, 64), (150, 4, 32, 16, 64), (200, 2, 8, 32, 16)])
+def test_chunked_and_recurrent_forms_equal_the_reference(length, heads, key_dim, value_dim, block):
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    generator = torch.Generator().manual_seed(length)
+    rand = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+    q, k = (torch.nn.functional.normalize(rand(length, heads, key_dim), dim=-1) for _ in range(2))
+    v, initial = rand(length, heads, value_dim), rand(heads, key_dim, value_dim)
+    g = -2 * torch.rand(length, heads, generator=generator)
+    beta = torch.rand(length, heads, generator=generator)
+    expected, expected_state = torch_chunk_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None],
+                                                            initial_state=initial[None], output_final_state=True)
+    q = q * key_dim ** -0.5  # the reference scales the queries itself
+    chunked_state = initial.clone()
+    chunked = delta_rule.chunked(chunked_state, q, k, v, g, beta, block)
+    stepped_state = initial.clone()[None]
+    stepped = torch.stack([delta_rule.recurrent_step(stepped_state, q[t][None], k[t][None], v[t][None], g[t][None],
+                                                     beta[t][None])[0] for t in range(length)])
+    for out, state in ((chunked, chunked_state), (stepped, stepped_state[0])):
+        torch.testing.assert_close(out, expected[0], rtol=1e-5, atol=2e-5)
+        torch.testing.assert_close(state, expected_state[0], rtol=1e-5, atol=2e-5)
+
+
+def test_the_convolution_carries_its_history_across_chunks():
+    generator = torch.Generator().manual_seed(0)
+    inputs, weight = torch.randn(11, 6, generator=generator), torch.randn(6, 4, generator=generator)
+    whole, _ = delta_rule.causal_conv(torch.zeros(3, 6), inputs, weight)
+    first, history = delta_rule.causal_conv(torch.zeros(3, 6), inputs[:7], weight)
+    rest, _ = delta_rule.causal_conv(history, inputs[7:], weight)
+    stepped, _ = delta_rule.causal_conv_step(history[None], inputs[7][None], weight)
+    torch.testing.assert_close(torch.cat([first, rest]), whole)
+    torch.testing.assert_close(stepped[0], whole[7])
+    expected = torch.nn.functional.silu(torch.nn.functional.conv1d(
+        inputs.t()[None], weight[:, None, :], padding=3, groups=6)[0, :, :11].t())
+    torch.testing.assert_close(whole, expected)

@@ -149,3 +149,38 @@ def test_the_convolution_carries_its_history_across_chunks():
     expected = torch.nn.functional.silu(torch.nn.functional.conv1d(
         inputs.t()[None], weight[:, None, :], padding=3, groups=6)[0, :, :11].t())
     torch.testing.assert_close(whole, expected)
+
+
+# --- the C++ decode step against the same step in torch ops --------------------------------------
+@pytest.mark.parametrize("key_heads,value_heads,fresh", [(2, 4, (False, True, False)), (3, 3, (False, False, False))])
+def test_the_decode_kernel_equals_torch_ops(key_heads, value_heads, fresh):
+    from qwen_serve.backends.torch_cpu.gated_deltanet import in_torch_ops
+    from qwen_serve.backends.torch_cpu.native import load_kernels
+    from qwen_serve.backends.torch_cpu.state_storage import TorchStateStorage
+
+    kernels = load_kernels()
+    if kernels is None:
+        pytest.skip("the C++ kernels are not built on this machine")
+    kind = GatedDeltaNet(num_key_heads=key_heads, num_value_heads=value_heads, key_dim=16, value_dim=32, conv_kernel=4)
+    generator = torch.Generator().manual_seed(key_heads)
+    rand = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+    storages = [TorchStateStorage([kind, kind], max_slots=6) for _ in range(2)]
+    for storage in storages:
+        storage.ensure_slots(6)
+    for layer in (0, 1):  # the same earlier states in both
+        history, state = rand(6, *kind.state_shapes()[0]), rand(6, *kind.state_shapes()[1])
+        for storage in storages:
+            storage.write(layer, torch.arange(6), history, state)
+    slots, fresh = torch.tensor([4, 1, 3]), torch.tensor(fresh)
+    width = value_heads * kind.value_dim
+    merged = rand(3, kind.conv_channels + width)  # the kernel reads column slices, as the layer gives it
+    mixed, z = merged[:, :kind.conv_channels], merged[:, kind.conv_channels:]
+    conv, out_norm = rand(kind.conv_channels, 4), rand(kind.value_dim)
+    g, beta = -torch.rand(3, value_heads, generator=generator), torch.rand(3, value_heads, generator=generator)
+    expected = in_torch_ops(kind, conv, out_norm, storages[0], 1, slots, fresh, mixed, z, g, beta, 1e-6, chunked=False)
+    got = kernels.ops.gated_delta_decode_(mixed, z, conv, storages[1].conv_history[1], storages[1].recurrent[1], slots, fresh,
+                                          g.exp(), beta, out_norm, key_heads, 1e-6)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    for a, b in ((storages[0].conv_history, storages[1].conv_history), (storages[0].recurrent, storages[1].recurrent)):
+        torch.testing.assert_close(a[1], b[1], rtol=1e-5, atol=1e-5)  # the states advanced alike, in place
+        torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)  # the other layer untouched

@@ -2,7 +2,9 @@
 in_proj_qkv and in_proj_z in one matmul), then per sequence the causal convolution and the gated
 delta rule in float32 (delta_rule.py) from the state its slot holds, written back after.
 
-Decoding sequences step together (one batched update); each prefill chunk runs the chunked form."""
+Decoding sequences step together: one C++ call (kernels/delta_rule.cpp) that updates their states
+where the backend's storage keeps them, or else batched torch ops through StateStorage.read and
+write. Each prefill chunk runs the chunked form in torch ops."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +18,8 @@ from qwen_serve.models.layers import GatedDeltaNet
 from qwen_serve.protocols import RecurrentState, StepBatch
 
 from . import delta_rule
-from .layer_ops import LayerOps, rms_norm
+from .layer_ops import LayerOps, float_rows, rms_norm
+from .state_storage import TorchStateStorage
 
 IN_PROJ = ("in_proj_qkv", "in_proj_z")
 DELTA_RULE_BLOCK = 64  # tokens per block of the chunked form
@@ -88,40 +91,56 @@ class GatedDeltaNetLayer:
 
     def __call__(self, index: int, x: torch.Tensor, cos, sin, cache: RecurrentState, step, config: ModelConfig,
                  ops: LayerOps, attention) -> torch.Tensor:
-        kind, T = self.kind, x.shape[0]
-        heads, key_heads = kind.num_value_heads, kind.num_key_heads
-        mixed, z = self.in_proj(x)
-        a, b = F.linear(x.float(), self.gates).split(heads, dim=-1)
-        g = self.decay_rate * F.softplus(a + self.dt_bias)  # [T, heads], log of the decay
+        kind, T, layout = self.kind, x.shape[0], step.states
+        mixed, z = self.in_proj(x)  # column slices of one output
+        a, b = F.linear(x.float(), self.gates).split(kind.num_value_heads, dim=-1)
+        g = self.decay_rate * F.softplus(a + self.dt_bias)  # [T, value heads], the log of each decay
         beta = torch.sigmoid(b)
-        layout: StateLayout = step.states
-        history, state = cache.state_storage.read(index, layout.slots)
-        history[layout.fresh] = 0
-        state[layout.fresh] = 0
-        convolved = torch.empty(T, kind.conv_channels)
+        out = torch.empty(T, kind.num_value_heads * kind.value_dim)
+        storage, eps = cache.state_storage, config.rms_norm_eps
         if layout.decodes.numel():
-            convolved[layout.decode_rows], history[layout.decodes] = delta_rule.causal_conv_step(
-                history[layout.decodes], mixed[layout.decode_rows].float(), self.conv)
-        prefills = [i for i, rows in enumerate(layout.rows) if rows.stop - rows.start > 1]
-        for i in prefills:
-            convolved[layout.rows[i]], history[i] = delta_rule.causal_conv(history[i], mixed[layout.rows[i]].float(),
-                                                                           self.conv)
-        q, k, v = convolved.split([key_heads * kind.key_dim, key_heads * kind.key_dim, heads * kind.value_dim], dim=-1)
-        q, k = (unit_rows(t.reshape(T, key_heads, kind.key_dim)).repeat_interleave(heads // key_heads, dim=1)
-                for t in (q, k))
-        q = q * kind.key_dim ** -0.5
-        v = v.reshape(T, heads, kind.value_dim)
-        out = torch.empty_like(v)
-        if layout.decodes.numel():
-            rows, decoding = layout.decode_rows, state[layout.decodes]
-            out[rows] = delta_rule.recurrent_step(decoding, q[rows], k[rows], v[rows], g[rows], beta[rows])
-            state[layout.decodes] = decoding
-        for i in prefills:
-            rows = layout.rows[i]
-            out[rows] = delta_rule.chunked(state[i], q[rows], k[rows], v[rows], g[rows], beta[rows], DELTA_RULE_BLOCK)
-        cache.state_storage.write(index, layout.slots, history, state)
-        gated = rms_norm(out, self.out_norm, config.rms_norm_eps) * F.silu(z.float().reshape(T, heads, kind.value_dim))
-        return self.out_proj(gated.reshape(T, heads * kind.value_dim))
+            rows, chunks = layout.decode_rows, layout.decodes
+            if ops.ops is not None and type(storage) is TorchStateStorage and float_rows(mixed, z):
+                out[rows] = ops.ops.gated_delta_decode_(
+                    mixed[rows], z[rows], self.conv, storage.conv_history[index], storage.recurrent[index], layout.slots[chunks],
+                    layout.fresh[chunks], g[rows].exp(), beta[rows], self.out_norm, kind.num_key_heads, eps)
+            else:
+                out[rows] = in_torch_ops(kind, self.conv, self.out_norm, storage, index, layout.slots[chunks],
+                                         layout.fresh[chunks], mixed[rows], z[rows], g[rows], beta[rows], eps,
+                                         chunked=False)
+        for i, rows in enumerate(layout.rows):
+            if rows.stop - rows.start > 1:
+                out[rows] = in_torch_ops(kind, self.conv, self.out_norm, storage, index, layout.slots[i:i + 1],
+                                         layout.fresh[i:i + 1], mixed[rows], z[rows], g[rows], beta[rows], eps,
+                                         chunked=True)
+        return self.out_proj(out)
+
+
+def in_torch_ops(kind: GatedDeltaNet, conv: torch.Tensor, out_norm: torch.Tensor, storage, index: int,
+                 slots: torch.Tensor, fresh: torch.Tensor, mixed: torch.Tensor, z: torch.Tensor, g: torch.Tensor,
+                 beta: torch.Tensor, eps: float, chunked: bool) -> torch.Tensor:
+    """What the layer computes between its projections, in torch ops through StateStorage.read and
+    write: one chunk of one sequence (chunked), or one row each of len(slots) sequences ->
+    [rows, value heads * value_dim]. conv [channels, taps], out_norm [value_dim]."""
+    history, state = storage.read(index, slots)
+    if bool(fresh.any()):
+        history[fresh], state[fresh] = 0, 0
+    if chunked:
+        convolved, history[0] = delta_rule.causal_conv(history[0], mixed.float(), conv)
+    else:
+        convolved, history = delta_rule.causal_conv_step(history, mixed.float(), conv)
+    T, key_width = convolved.shape[0], kind.num_key_heads * kind.key_dim
+    q, k, v = convolved.split([key_width, key_width, kind.num_value_heads * kind.value_dim], dim=-1)
+    q, k = (unit_rows(t.reshape(T, kind.num_key_heads, kind.key_dim))
+            .repeat_interleave(kind.num_value_heads // kind.num_key_heads, dim=1) for t in (q, k))
+    q, v = q * kind.key_dim ** -0.5, v.reshape(T, kind.num_value_heads, kind.value_dim)
+    if chunked:
+        out = delta_rule.chunked(state[0], q, k, v, g, beta, DELTA_RULE_BLOCK)
+    else:
+        out = delta_rule.recurrent_step(state, q, k, v, g, beta)
+    storage.write(index, slots, history, state)
+    gate = F.silu(z.float().reshape(T, kind.num_value_heads, kind.value_dim))
+    return (rms_norm(out, out_norm, eps) * gate).reshape(T, -1)
 
 
 def unit_rows(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -68,4 +68,18 @@ void head_norm_rope(float* x, int64_t T, int64_t row_stride, int64_t heads, int6
                     const float* cos, const float* sin);
 void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, int64_t gate_stride, int64_t up_stride,
               float* y);
+void silu_row(float* x, int64_t n);  // in place, one row (no threads)
+
+// One decode step of Gated DeltaNet for B sequences (delta_rule.cpp), float32, the state updated in
+// place in the backend's storage: mixed [B, C] (rows mixed_stride apart) is in_proj_qkv's output,
+// C = 2 Hk dk + Hv dv; its causal convolution reads and shifts conv_state[slots[b]] [taps - 1, C]
+// (conv_weight [C, taps]), then SiLU; q and k are L2-normalized per key head, q scaled by dk^-0.5;
+// each value head h (key head h / (Hv / Hk)) updates state[slots[b], h] [dk, dv] by decay[b, h] and
+// beta[b, h] and reads it with q; the reading is RMS-normed (norm_weight [dv], eps) and multiplied
+// by SiLU(z[b, h]) (z rows z_stride apart) into out [B, Hv dv]. fresh[b]: the sequence starts here,
+// its history and state are zeros.
+void gated_delta_decode(const float* mixed, int64_t mixed_stride, const float* z, int64_t z_stride, int64_t B,
+                        int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* conv_weight, int64_t taps,
+                        float* conv_state, float* state, const int64_t* slots, const bool* fresh, const float* decay,
+                        const float* beta, const float* norm_weight, float eps, float* out);
 }  // namespace qs

@@ -429,6 +429,48 @@ void bf16b_unpack_avx512_(const at::Tensor& codes, int64_t first, int64_t stop, 
                           out.stride(0), out.scalar_type() == at::kBFloat16);
 }
 
+// Gated DeltaNet's decode step (kernels.h): mixed [B, C] and z [B, Hv * dv] rows at strides of
+// their own (column slices of the merged in_proj output); conv_state [S, taps - 1, C] and state
+// [S, Hv, dk, dv] the storage's own contiguous float32 tensors, updated in place at rows slots.
+at::Tensor gated_delta_decode_(const at::Tensor& mixed, const at::Tensor& z, const at::Tensor& conv_weight,
+                               at::Tensor conv_state, at::Tensor state, const at::Tensor& slots,
+                               const at::Tensor& fresh, const at::Tensor& decay, const at::Tensor& beta,
+                               const at::Tensor& norm_weight, int64_t key_heads, double eps) {
+  check_strided_rows(mixed, "mixed");
+  check_strided_rows(z, "z");
+  check_rows(conv_weight, "conv_weight");
+  check_rows(conv_state, "conv_state");
+  check_rows(state, "state");
+  check_rows(decay, "decay");
+  check_rows(beta, "beta");
+  check_rows(norm_weight, "norm_weight");
+  TORCH_CHECK(state.dim() == 4 && conv_state.dim() == 3 && conv_weight.dim() == 2, "state [S, Hv, dk, dv], "
+              "conv_state [S, taps - 1, C] and conv_weight [C, taps] expected");
+  const int64_t B = mixed.size(0), S = state.size(0), Hv = state.size(1), dk = state.size(2), dv = state.size(3);
+  const int64_t C = 2 * key_heads * dk + Hv * dv, taps = conv_weight.size(1);
+  TORCH_CHECK(key_heads > 0 && Hv % key_heads == 0 && dv <= 512, "value heads must share key heads evenly, dv <= 512");
+  TORCH_CHECK(mixed.dim() == 2 && mixed.size(1) == C && conv_weight.size(0) == C, "mixed and conv_weight must have ",
+              C, " channels");
+  TORCH_CHECK(conv_state.size(0) == S && conv_state.size(1) == taps - 1 && conv_state.size(2) == C,
+              "conv_state must be [", S, ", ", taps - 1, ", ", C, "]");
+  TORCH_CHECK(z.dim() == 2 && z.size(0) == B && z.size(1) == Hv * dv, "z must be [B, Hv * dv]");
+  TORCH_CHECK(decay.sizes() == beta.sizes() && decay.dim() == 2 && decay.size(0) == B && decay.size(1) == Hv,
+              "decay and beta must be [B, Hv]");
+  TORCH_CHECK(norm_weight.numel() == dv, "norm_weight must have dv elements");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == B &&
+                  fresh.scalar_type() == at::kBool && fresh.is_contiguous() && fresh.numel() == B,
+              "slots must be int64 [B] and fresh bool [B]");
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; b++) TORCH_CHECK(slot[b] >= 0 && slot[b] < S, "slot ", slot[b], " is not one of ", S);
+  at::Tensor out = at::empty({B, Hv * dv}, mixed.options());
+  qs::gated_delta_decode(mixed.data_ptr<float>(), mixed.stride(0), z.data_ptr<float>(), z.stride(0), B, key_heads, Hv,
+                         dk, dv, conv_weight.data_ptr<float>(), taps, conv_state.data_ptr<float>(),
+                         state.data_ptr<float>(), slot, fresh.data_ptr<bool>(), decay.data_ptr<float>(),
+                         beta.data_ptr<float>(), norm_weight.data_ptr<float>(), static_cast<float>(eps),
+                         out.data_ptr<float>());
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(qwen_serve, m) {
@@ -450,6 +492,9 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("head_norm_rope_(Tensor(a!) x, Tensor? weight, float eps, Tensor cos, Tensor sin) -> ()", &head_norm_rope_);
   m.def("silu_mul", &silu_mul);
   m.def("q4b_moe_vnni8", &q4b_moe_vnni8);
+  m.def("gated_delta_decode_(Tensor mixed, Tensor z, Tensor conv_weight, Tensor(a!) conv_state, Tensor(b!) state, "
+        "Tensor slots, Tensor fresh, Tensor decay, Tensor beta, Tensor norm_weight, int key_heads, float eps) -> Tensor",
+        &gated_delta_decode_);
   m.def("decode_layers_(Tensor(a!) hidden, Tensor x, Tensor[] weights, Tensor(b!)[] key_caches, "
         "Tensor(c!)[] value_caches, Tensor cos, Tensor sin, Tensor slots, Tensor block_tables, Tensor lengths, "
         "int block_size, int heads, int kv_heads, float eps, float scale, bool vnni, bool dot_bf16) -> Tensor", &decode_layers_);

@@ -162,28 +162,52 @@ class LinearAttentionGeometry:
 QWEN3_5_TINY = Qwen3Geometry(num_hidden_layers=4, head_dim=32)  # rotary over a quarter of 32 dimensions
 
 
+# Qwen3.5's families: config.json's model_type for the text model, and the multimodal layout's
+# config and model classes in transformers (None: published as a text model only)
+QWEN3_5_FAMILIES = {
+    "dense": ("qwen3_5_text", "Qwen3_5Config", "Qwen3_5ForConditionalGeneration"),
+    "moe": ("qwen3_5_moe_text", "Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration"),
+    "next": ("qwen3_next", None, None),
+}
+
+
 def make_qwen3_5_checkpoint(directory: Path, geometry: Qwen3Geometry = QWEN3_5_TINY,
                             linear: LinearAttentionGeometry = LinearAttentionGeometry(), seed: int = 0,
-                            multimodal: bool = False) -> Path:
-    """Write a random Qwen3.5 checkpoint directory: Qwen3_5ForCausalLM (make_random_checkpoint), or
-    with multimodal the Qwen3_5ForConditionalGeneration layout the hub's checkpoints have (the
-    decoder's fields under text_config, its tensors under model.language_model, a one-block
-    vision tower beside), with the same decoder weights for the same seed."""
+                            multimodal: bool = False, family: str = "dense", routing: MoeRouting | None = None,
+                            shared_expert_size: int = 96) -> Path:
+    """Write a random checkpoint directory of a Qwen3.5 family (QWEN3_5_FAMILIES): the text model
+    (make_random_checkpoint), or with multimodal the ...ForConditionalGeneration layout the hub's
+    checkpoints have (the decoder's fields under text_config, its tensors under
+    model.language_model, a one-block vision tower beside), with the same decoder weights for the
+    same seed. The "moe" and "next" families route as `routing` says (Qwen3.5-MoE always
+    renormalizes) and add a shared expert of shared_expert_size."""
+    model_type, config_class, model_class = QWEN3_5_FAMILIES[family]
     fields = asdict(linear)
     interval = fields.pop("full_attention_interval")
     fields["layer_types"] = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
                              for i in range(geometry.num_hidden_layers)]
-    directory = make_random_checkpoint(directory, "qwen3_5_text", geometry, seed, **fields)
+    if family != "dense":
+        routing = routing or MoeRouting()
+        fields.update(num_experts=routing.num_experts, num_experts_per_tok=routing.num_experts_per_tok,
+                      moe_intermediate_size=routing.moe_intermediate_size, shared_expert_intermediate_size=shared_expert_size)
+        if family == "next":
+            fields.update(norm_topk_prob=routing.norm_topk_prob, decoder_sparse_step=routing.decoder_sparse_step,
+                          mlp_only_layers=list(routing.mlp_only_layers))
+    directory = make_random_checkpoint(directory, model_type, geometry, seed, **fields)
     if not multimodal:
         return directory
-    from transformers import AutoModelForCausalLM, Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    if config_class is None:
+        raise ValueError(f"the {family} family has no multimodal layout")
+    import transformers
+    from transformers import AutoModelForCausalLM
 
     text_model = AutoModelForCausalLM.from_pretrained(directory)
     text = json.loads((directory / "config.json").read_text())
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=geometry.hidden_size,
                   patch_size=4, temporal_patch_size=2, spatial_merge_size=1)
-    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision,
-                                                          tie_word_embeddings=geometry.tie_word_embeddings))
+    config = getattr(transformers, config_class)(text_config=text, vision_config=vision,
+                                                 tie_word_embeddings=geometry.tie_word_embeddings)
+    model = getattr(transformers, model_class)(config)
     model.model.language_model.load_state_dict(text_model.model.state_dict())
     model.lm_head.load_state_dict(text_model.lm_head.state_dict())
     for stale in directory.glob("*.safetensors"):

@@ -33,3 +33,52 @@ def hf_greedy(path: Path, prompt_ids: list[int], max_new_tokens: int, eos_ids: t
                 break
             inputs = torch.tensor([[token]])
     return out
+
+
+def hf_model_on_int4_grid(path: Path):
+    """transformers' model of `path` with its weights moved onto qwen-serve's int4 grid, as
+    ``--quant int4`` without calibration holds them: every projection whose input width is whole
+    groups of 64 (the others stay float, as there) (quant.int4 rounds each row
+    on its own, so a weight transformers stores fused, such as the experts' gate_up, rounds as its
+    parts would) and the embedding as int8 rows. A separate copy from hf_model's."""
+    import numpy as np
+    from transformers import AutoModelForCausalLM
+
+    from qwen_serve.models.weights import is_projection
+    from qwen_serve.quant import int4
+
+    def on_grid(weight: np.ndarray) -> np.ndarray:
+        if weight.ndim == 3:  # experts stacked: each on its own
+            return np.stack([on_grid(w) for w in weight])
+        return int4.dequantize(int4.quantize(weight)) if int4.can_quantize(weight.shape) else weight
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            w = p.detach().numpy()
+            # Qwen3-Next's in_proj_qkvz: the rows of our in_proj_qkv and in_proj_z, regrouped
+            if is_projection(name) or name.endswith(("experts.gate_up_proj", "experts.down_proj", ".in_proj_qkvz.weight")):
+                p.copy_(torch.from_numpy(on_grid(w)))
+            elif name == "model.embed_tokens.weight":
+                step = np.abs(w).max(axis=1, keepdims=True) / 127  # 0 for an all-zero padding row
+                codes = np.rint(np.divide(w, step, out=np.zeros_like(w), where=step > 0))
+                p.copy_(torch.from_numpy(codes * step))
+    return model
+
+
+def assert_first_tokens_match(llm, hf, texts: tuple[str, ...], tolerance: float, tie_margin: float = 0.0) -> None:
+    """Each text's first generated token and its top-5 log-probabilities from `llm` (a
+    qwen_serve.LLM) against transformers' model `hf` on the same prompt: log-probabilities within
+    tolerance, and the same token unless the reference's two best are within tie_margin."""
+    from qwen_serve import SamplingParams
+
+    prompts = [llm.tokenizer.encode(t) for t in texts]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=1, logprobs=5))
+    for prompt, out in zip(prompts, outs):
+        with torch.no_grad():
+            reference = torch.log_softmax(hf(input_ids=torch.tensor([prompt])).logits[0, -1], -1)
+        first, second = reference.topk(2).values
+        if first - second > tie_margin:
+            assert out.token_ids[0] == int(torch.argmax(reference)), f"{prompt}: the first token differs"
+        for token, logprob in out.logprobs[0].items():
+            assert abs(logprob - float(reference[token])) < tolerance, f"{prompt}: token {token}'s log-probability"

@@ -24,7 +24,9 @@ CHECKPOINTS = {  # config.json architectures -> (model_type, extra config fields
 }
 BACKENDS = ["torch", "mlx"]
 # hybrids of attention and linear attention, with their recurrent state's life to test too
-TESTED_APART = {"Qwen3_5ForCausalLM": "test_qwen3_5.py", "Qwen3_5ForConditionalGeneration": "test_qwen3_5.py"}
+TESTED_APART = {name: "test_qwen3_5.py" for name in ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration",
+                                                     "Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration",
+                                                     "Qwen3NextForCausalLM")}
 
 
 def test_every_architecture_has_a_checkpoint_here():

@@ -257,22 +257,11 @@ def test_int4_model_equals_transformers_on_the_dequantized_weights(qwen3_tiny, m
     """The whole int4 path (loading, kernels, tied int8 table) against transformers' own forward
     on weights replaced by numpy's dequantization of the same quantization: with this CPU's
     kernels, and with VNNI's int8-activation kernels taken away."""
-    from transformers import AutoModelForCausalLM
-
     from qwen_serve.backends.torch_cpu import native
+    from qwen_serve.conformance.reference import assert_first_tokens_match, hf_model_on_int4_grid
 
     monkeypatch.setenv(native.DISABLE_ENV, disabled)
-
-    hf = AutoModelForCausalLM.from_pretrained(qwen3_tiny, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            w = p.detach().numpy()
-            if name.endswith("_proj.weight"):
-                p.copy_(torch.from_numpy(int4.dequantize(int4.quantize(w))))
-            elif name == "model.embed_tokens.weight":
-                step = np.abs(w).max(axis=1, keepdims=True) / 127  # 0 for the all-zero padding row
-                codes = np.rint(np.divide(w, step, out=np.zeros_like(w), where=step > 0))
-                p.copy_(torch.from_numpy(codes * step))
+    hf = hf_model_on_int4_grid(qwen3_tiny)
     llm = LLM(str(qwen3_tiny), quant="int4", calibrate=False)  # the quantization above: no importance
     # Prefill tiles in float32, as on CPUs without native bf16: bf16 tiles round products to 8
     # bits (~0.04 on this random model's logprobs); their effect on quality is check 6's to judge.
@@ -283,15 +272,7 @@ def test_int4_model_equals_transformers_on_the_dequantized_weights(qwen3_tiny, m
     int8_activations = kernels is not None and kernels.isa == "avx512" and kernels.vnni
     # int8 activations: ~0.6% relative error per matmul, up to 0.047 on this model's top-5 logprobs
     tolerance = 0.06 if int8_activations else 1e-2
-    prompts = [llm.tokenizer.encode(t) for t in ("Hello, world!", "The quick brown fox", "1 2 3 4 5")]
-    outs = llm.generate(prompts, SamplingParams(max_tokens=1, logprobs=5))
-    for prompt, out in zip(prompts, outs):
-        with torch.no_grad():
-            logits = hf(input_ids=torch.tensor([prompt])).logits[0, -1]
-        reference = torch.log_softmax(logits, -1)
-        assert out.token_ids[0] == int(torch.argmax(logits))
-        for token, logprob in out.logprobs[0].items():
-            assert abs(logprob - float(reference[token])) < tolerance
+    assert_first_tokens_match(llm, hf, ("Hello, world!", "The quick brown fox", "1 2 3 4 5"), tolerance)
 
 
 # --- check 6 on real weights: SmolLM2-135M-Instruct ---------------------------------------------

@@ -1,5 +1,6 @@
-"""Qwen3.5 (Gated DeltaNet hybrids) on torch: greedy output equals transformers token for token on
-tiny random checkpoints transformers wrote (text-only and multimodal layouts), through chunked
+"""Qwen3.5, Qwen3.5-MoE and Qwen3-Next (Gated DeltaNet hybrids) on torch: greedy output equals
+transformers token for token on tiny random checkpoints transformers wrote (text-only and
+multimodal layouts, experts with a shared one, Next's grouped projections), through chunked
 prefill longer than a prefill chunk and a delta-rule block, mixed-length batches, preemption and
 recomputation, and n=2 forks; the two forms of the delta rule agree with transformers' float
 reference; every recurrent-state slot comes back."""
@@ -12,16 +13,19 @@ import torch
 
 from qwen_serve import LLM, SamplingParams
 from qwen_serve.backends.torch_cpu import delta_rule
-from qwen_serve.conformance.models import LinearAttentionGeometry, make_qwen3_5_checkpoint
+from qwen_serve.conformance.models import LinearAttentionGeometry, MoeRouting, make_qwen3_5_checkpoint
 from qwen_serve.conformance.reference import hf_greedy
 from qwen_serve.errors import ModelLoadError
-from qwen_serve.models.layers import Attention, GatedDeltaNet
+from qwen_serve.models.layers import Attention, DenseMLP, GatedDeltaNet, SparseMoE
 
 NEW_TOKENS = 12
 LAYOUTS = {
     "text-only, 3:1": dict(multimodal=False),
     "multimodal, value heads = key heads, every other layer full": dict(
         multimodal=True, linear=LinearAttentionGeometry(linear_num_value_heads=2, full_attention_interval=2)),
+    "MoE, multimodal": dict(family="moe", multimodal=True),
+    "Next, a dense layer, not renormalized": dict(family="next", routing=MoeRouting(norm_topk_prob=False,
+                                                                                     mlp_only_layers=(1,))),
 }
 
 
@@ -54,6 +58,13 @@ def test_the_description_follows_layer_types(checkpoint, layout):
     assert all(layer.mixer.output_gate for layer in config.layers if isinstance(layer.mixer, Attention))
     assert config.rotary_dim == config.head_dim // 4 and config.norm_offset == 1.0
     assert config.kv_layers == config.num_layers // interval
+    family = layout.get("family", "dense")
+    routing = layout.get("routing", MoeRouting())
+    expected_mlp = [DenseMLP() if family == "dense" or i in routing.mlp_only_layers else
+                    SparseMoE(routing.num_experts, routing.num_experts_per_tok, routing.moe_intermediate_size,
+                              family == "moe" or routing.norm_topk_prob, shared_expert_size=96)
+                    for i in range(config.num_layers)]
+    assert [layer.mlp for layer in config.layers] == expected_mlp
 
 
 @pytest.mark.parametrize("kv_cache", ["paged", "naive"])
@@ -184,3 +195,22 @@ def test_the_decode_kernel_equals_torch_ops(key_heads, value_heads, fresh):
     for a, b in ((storages[0].conv_history, storages[1].conv_history), (storages[0].recurrent, storages[1].recurrent)):
         torch.testing.assert_close(a[1], b[1], rtol=1e-5, atol=1e-5)  # the states advanced alike, in place
         torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)  # the other layer untouched
+
+
+@pytest.mark.parametrize("disabled", ["", "avx512_vnni"])
+def test_int4_equals_transformers_on_the_int4_grid(checkpoint, monkeypatch, disabled):
+    """The int4 path (the linear-attention projections, the split gate of q_proj, the experts and
+    the shared one, the int8 table) against transformers on the same weights moved onto int4's
+    grid: log-probabilities within the activations' rounding (int16 without VNNI: measured under
+    0.01; int8 with it, which these random layers amplify: measured up to 0.2), and the same
+    token unless the rounding could tip a near-tie."""
+    from qwen_serve.backends.torch_cpu import native
+    from qwen_serve.conformance.reference import assert_first_tokens_match, hf_model_on_int4_grid
+
+    monkeypatch.setenv(native.DISABLE_ENV, disabled)
+    hf = hf_model_on_int4_grid(checkpoint)
+    llm = LLM(str(checkpoint), quant="int4", calibrate=False)  # the grid above: no importance
+    kernels = native.load_kernels()
+    tolerance = 0.25 if kernels is not None and kernels.isa == "avx512" and kernels.vnni else 0.02
+    assert_first_tokens_match(llm, hf, ("Hello, world!", "The quick brown fox", "1 2 3 4 5"), tolerance,
+                              tie_margin=2 * tolerance)

@@ -7,6 +7,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from qwen_serve.errors import ModelLoadError
 from qwen_serve.models.built_layer import BuiltLayer
 from qwen_serve.models.config import ModelConfig
 from qwen_serve.models.expert_groups import group_by_expert
@@ -102,6 +103,8 @@ class SparseMoELayer:
     token picked once, on all of its tokens' rows together."""
 
     def __init__(self, kind: SparseMoE, weights: LayerWeights) -> None:
+        if kind.shared_expert_size:
+            raise ModelLoadError("the mlx backend does not implement a shared expert yet")
         self.kind = kind
         self.router = weights.tensors.take_router(weights.prefix, kind).astype(mx.float32)
         self.experts = [DenseMLPLayer(DenseMLP(), weights, f"{kind.prefix}.{kind.expert(e)}")

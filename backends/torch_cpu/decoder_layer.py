@@ -126,22 +126,32 @@ class SparseMoELayer:
         self.router = weights.tensors.take_router(weights.prefix, kind).float()
         self.experts = [SwiGLU(weights, f"{kind.prefix}.{kind.expert(e)}") for e in range(kind.num_experts)]
         self.fused = FusedExperts.for_experts(self.experts, kind.intermediate_size)  # None: one by one
+        self.shared, self.shared_gate = None, None
+        if kind.shared_expert_size:
+            self.shared = SwiGLU(weights, f"{kind.prefix}.{kind.shared}")
+            self.shared_gate = weights.tensors.take(f"{weights.prefix}.{kind.prefix}.{kind.shared_gate}.weight").float()
 
     def linears(self) -> list:
-        return [linear for expert in self.experts for linear in expert.linears()]
+        experts = self.experts + ([self.shared] if self.shared is not None else [])
+        return [linear for expert in experts for linear in expert.linears()]
 
     def projections(self) -> Iterator[tuple[str, object, str]]:
-        for expert in self.experts:
+        for expert in self.experts + ([self.shared] if self.shared is not None else []):
             yield from expert.projections()
 
     def norms(self) -> list[torch.Tensor]:
-        return [self.router]  # the float tensors beside the linears, as weight_bytes counts them
+        """The float tensors beside the linears, as weight_bytes counts them."""
+        return [self.router] + ([self.shared_gate] if self.shared_gate is not None else [])
 
     def __call__(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
         weights, chosen = route(self.router, x, self.kind.top_k, self.kind.normalize_top_k)
         if self.fused is not None and self.fused.takes(chosen):
-            return self.fused(x, weights, chosen)
-        return run_experts_grouped(self.experts, x, weights, chosen, ops)
+            out = self.fused(x, weights, chosen)
+        else:
+            out = run_experts_grouped(self.experts, x, weights, chosen, ops)
+        if self.shared is not None:
+            out += torch.sigmoid(torch.nn.functional.linear(x.float(), self.shared_gate)) * self.shared(x, ops)
+        return out
 
 
 def route(router: torch.Tensor, x: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,13 +7,13 @@ import dataclasses
 from typing import Any
 
 from ..errors import ModelLoadError
-from . import llama, qwen2, qwen3, qwen3_5, qwen3_moe
+from . import llama, qwen2, qwen3, qwen3_5, qwen3_5_moe, qwen3_moe, qwen3_next
 from .architecture import Architecture, read_model_config
 from .config import ModelConfig
 
 ARCHITECTURES: dict[str, Architecture] = {a.hf_name: a for a in (
-    qwen3.ARCHITECTURE, qwen3_moe.ARCHITECTURE, qwen3_5.ARCHITECTURE, qwen3_5.MULTIMODAL, qwen2.ARCHITECTURE,
-    llama.ARCHITECTURE)}
+    qwen3.ARCHITECTURE, qwen3_moe.ARCHITECTURE, qwen3_5.ARCHITECTURE, qwen3_5.MULTIMODAL, qwen3_5_moe.ARCHITECTURE,
+    qwen3_5_moe.MULTIMODAL, qwen3_next.ARCHITECTURE, qwen2.ARCHITECTURE, llama.ARCHITECTURE)}
 
 
 def architecture_named(hf_name: str) -> Architecture:

@@ -47,12 +47,13 @@ def implementation(kind: Any, implemented: Mapping[type, type], backend: str) ->
 
 def skipped_expert_bytes(layers: list[BuiltLayer]) -> int:
     """The weight bytes a decoded token does not read: in each mixture-of-experts layer, the
-    share (num_experts - top_k) / num_experts of its experts (all of one layer's are one size)."""
+    share (num_experts - top_k) / num_experts of its routed experts (all of one layer's are one
+    size; a shared expert runs on every token)."""
     skipped = 0
     for layer in layers:
         kind = getattr(layer.mlp, "kind", None)
         if isinstance(kind, SparseMoE):
-            experts = sum(linear.nbytes() for linear in layer.mlp.linears())
+            experts = sum(linear.nbytes() for expert in layer.mlp.experts for linear in expert.linears())
             skipped += experts * (kind.num_experts - kind.top_k) // kind.num_experts
     return skipped
 

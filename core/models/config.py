@@ -87,7 +87,8 @@ class ModelConfig:
 
 
 def mlp_parameters(kind: DenseMLP | SparseMoE, hidden: int, intermediate: int) -> int:
-    if isinstance(kind, SparseMoE):
-        return kind.num_experts * (3 * hidden * kind.intermediate_size + hidden)  # experts and router rows
+    if isinstance(kind, SparseMoE):  # experts and router rows, the shared expert and its gate
+        return kind.num_experts * (3 * hidden * kind.intermediate_size + hidden) + \
+            (3 * hidden * kind.shared_expert_size + hidden if kind.shared_expert_size else 0)
     return 3 * hidden * intermediate
 

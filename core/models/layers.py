@@ -58,12 +58,16 @@ class SparseMoE:
     """A mixture of SwiGLU experts (Qwen3-MoE): a router scores every expert in float32, softmax
     over the experts, the top_k most probable run on the token, renormalized to sum to 1 when
     normalize_top_k, and the output is their weighted sum. Each expert is a DenseMLP of
-    intermediate_size under ``experts.{e}``; the router is ``gate`` (kept in float, never quantized)."""
+    intermediate_size under ``experts.{e}``; the router is ``gate`` (kept in float, never quantized).
+
+    With shared_expert_size (Qwen3.5-MoE, Qwen3-Next) one more SwiGLU of that width runs on every
+    token under ``shared_expert``, its output scaled by sigmoid(shared_expert_gate(x)) and added."""
 
     num_experts: int
     top_k: int
     intermediate_size: int
     normalize_top_k: bool = False
+    shared_expert_size: int = 0
 
     prefix: ClassVar[str] = "mlp"
     router: ClassVar[str] = "gate"
@@ -78,20 +82,32 @@ class SparseMoE:
     def expert(index: int) -> str:
         return f"experts.{index}"
 
+    shared: ClassVar[str] = "shared_expert"
+    shared_gate: ClassVar[str] = "shared_expert_gate"  # [1, hidden], kept in float like the router
+
     @property
     def projections(self) -> tuple[str, ...]:
-        """Every expert's gate, up and down, e.g. "experts.5.up_proj": what int4 quantizes."""
-        return tuple(f"{self.expert(e)}.{p}" for e in range(self.num_experts) for p in self.expert_projections)
+        """Every expert's gate, up and down, e.g. "experts.5.up_proj", then the shared expert's:
+        what int4 quantizes."""
+        shared = tuple(f"{self.shared}.{p}" for p in self.expert_projections) if self.shared_expert_size else ()
+        return tuple(f"{self.expert(e)}.{p}" for e in range(self.num_experts) for p in self.expert_projections) + shared
 
     def weight_names(self) -> tuple[str, ...]:
-        return (f"{self.prefix}.{self.router}.weight",) + tuple(f"{self.prefix}.{p}.weight" for p in self.projections)
+        gates = (self.router,) + ((self.shared_gate,) if self.shared_expert_size else ())
+        return tuple(f"{self.prefix}.{g}.weight" for g in gates) + tuple(f"{self.prefix}.{p}.weight" for p in self.projections)
 
     def shapes(self, hidden_size: int) -> dict[str, tuple[int, int]]:
         """Each weight's [rows, columns] as the config says, by weight name."""
-        rows = {"gate_proj": (self.intermediate_size, hidden_size), "up_proj": (self.intermediate_size, hidden_size),
-                "down_proj": (hidden_size, self.intermediate_size)}
+        def rows(projection: str, width: int) -> tuple[int, int]:
+            return (hidden_size, width) if projection == "down_proj" else (width, hidden_size)
+
         shapes = {f"{self.prefix}.{self.router}.weight": (self.num_experts, hidden_size)}
-        shapes.update({f"{self.prefix}.{p}.weight": rows[p.rsplit(".", 1)[1]] for p in self.projections})
+        for p in self.projections:
+            owner, projection = p.rsplit(".", 1)
+            width = self.shared_expert_size if owner == self.shared else self.intermediate_size
+            shapes[f"{self.prefix}.{p}.weight"] = rows(projection, width)
+        if self.shared_expert_size:
+            shapes[f"{self.prefix}.{self.shared_gate}.weight"] = (1, hidden_size)
         return shapes
 
 

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 from ..errors import ModelLoadError
 from .architecture import Architecture
 from .config import ModelConfig
-from .layers import Attention, DecoderLayer, DenseMLP, GatedDeltaNet
+from .layers import Attention, DecoderLayer, DenseMLP, GatedDeltaNet, Mixer
 
 NOT_TEXT = ("model.visual.", "mtp.")  # the vision tower; the multi-token-prediction head (a proposer's)
 
@@ -45,9 +45,12 @@ def gated_attention(cfg: dict[str, Any]) -> Attention:
     return Attention(qk_norm=True, biased=biased, output_gate=True)
 
 
+def mixer(cfg: dict[str, Any], index: int) -> Mixer:
+    return linear_attention(cfg) if layer_types(cfg)[index] == "linear_attention" else gated_attention(cfg)
+
+
 def decoder_layer(cfg: dict[str, Any], index: int) -> DecoderLayer:
-    mixer = linear_attention(cfg) if layer_types(cfg)[index] == "linear_attention" else gated_attention(cfg)
-    return DecoderLayer(mixer, DenseMLP())
+    return DecoderLayer(mixer(cfg, index), DenseMLP())
 
 
 def text_tensors(name: str, array: Any, config: ModelConfig) -> Iterator[tuple[str, Any]]:

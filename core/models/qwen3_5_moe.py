@@ -1,0 +1,21 @@
+"""Qwen3.5-MoE (Qwen3_5MoeForCausalLM, and the text part of Qwen3_5MoeForConditionalGeneration,
+e.g. Qwen3.5-35B-A3B): Qwen3.5's layers (qwen3_5.py) with a mixture of experts and a shared expert
+in place of every dense MLP; the router always renormalizes its top_k weights."""
+from __future__ import annotations
+
+from typing import Any
+
+from .architecture import Architecture
+from .layers import DecoderLayer
+from .qwen3_5 import mixer, text_tensors
+from .qwen3_moe import feed_forward
+
+
+def decoder_layer(cfg: dict[str, Any], index: int) -> DecoderLayer:
+    return DecoderLayer(mixer(cfg, index), feed_forward(cfg, index, normalize=True))
+
+
+ARCHITECTURE = Architecture(hf_name="Qwen3_5MoeForCausalLM", decoder_layer=decoder_layer, tensors=text_tensors,
+                            norm_offset=1.0)
+MULTIMODAL = Architecture(hf_name="Qwen3_5MoeForConditionalGeneration", decoder_layer=decoder_layer,
+                          tensors=text_tensors, norm_offset=1.0)

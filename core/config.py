@@ -32,6 +32,8 @@ class EngineConfig:
     speculative: str | None = None  # a registered proposer (e.g. "ngram"): speculative decoding on
     num_speculative_tokens: int = 4  # proposals verified per sequence per step, at most
     task: str = "generate"  # or "embed" / "rerank": prefill-only requests that return hidden states or scores
+    # A model with linear attention: memory for the prefix cache's recurrent states at block boundaries
+    state_cache_mib: int = 1024
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -39,6 +41,8 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.state_cache_mib, int) or self.state_cache_mib < 0:
+            raise ValueError(f"state_cache_mib must be a whole number of MiB, got {self.state_cache_mib!r}")
         if self.kv_dtype is not None and not isinstance(self.kv_dtype, str):
             raise ValueError(f"kv_dtype must be a dtype name or 'auto', got {self.kv_dtype!r}")
         if self.kv_window is not None and (not isinstance(self.kv_window, int) or self.kv_window <= 0):

@@ -76,7 +76,7 @@ def test_greedy_equals_transformers(checkpoint, kv_cache):
         assert out.token_ids == reference(checkpoint, tuple(prompt))
     assert len(set(outs[1].token_ids)) > 3, "a random model should produce varied tokens"
     usage = llm.parts.cache.usage()
-    assert usage.states_total == llm.parts.engine_config.max_batch and usage.states_used == 0
+    assert usage.states_used == usage.state_snapshots  # no live state left, only the prefix cache's
 
 
 def test_preemption_recomputes_the_state(checkpoint):
@@ -100,7 +100,8 @@ def test_two_choices_each_continue_from_the_prompts_state(checkpoint):
     forked = llm.generate([prompt], SamplingParams(**{**seeded.__dict__, "n": 2}))
     alone = [llm.generate([prompt], SamplingParams(**{**seeded.__dict__, "seed": 5 + i}))[0] for i in range(2)]
     assert [o.token_ids for o in forked] == [o.token_ids for o in alone]
-    assert llm.parts.cache.usage().states_used == 0
+    usage = llm.parts.cache.usage()
+    assert usage.states_used == usage.state_snapshots
 
 
 def test_abort_returns_the_state_slot(checkpoint):
@@ -108,9 +109,11 @@ def test_abort_returns_the_state_slot(checkpoint):
     engine = llm.engine
     engine.add_request("r", prompts(llm)[1], SamplingParams(max_tokens=NEW_TOKENS, n=2))
     engine.step()
-    assert llm.parts.cache.usage().states_used == 1
+    usage = llm.parts.cache.usage()
+    assert usage.states_used - usage.state_snapshots == 1  # the one live state, beside the snapshots
     assert engine.abort("r")
-    assert llm.parts.cache.usage().states_used == 0 and llm.parts.cache.usage().used == 0
+    usage = llm.parts.cache.usage()
+    assert usage.states_used == usage.state_snapshots and usage.used == usage.cached
 
 
 def test_the_mlx_backend_says_it_cannot_run_linear_attention(checkpoint):
@@ -127,6 +130,7 @@ def test_a_sliding_window_cache_is_refused(checkpoint):
 @pytest.mark.parametrize("length,heads,key_dim,value_dim,block", [
     (1, 2, 8, 8, 64), (5, 2, 16, 8, 16), (64, 3, 16, 16, 64), (150, 4, 32, 16, 64), (200, 2, 8, 32, 16)])
 def test_chunked_and_recurrent_forms_equal_the_reference(length, heads, key_dim, value_dim, block):
+    """And the chunked form's states after any token (prefix-cache snapshots) equal the recurrent form's."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
     generator = torch.Generator().manual_seed(length)
@@ -139,10 +143,18 @@ def test_chunked_and_recurrent_forms_equal_the_reference(length, heads, key_dim,
                                                             initial_state=initial[None], output_final_state=True)
     q = q * key_dim ** -0.5  # the reference scales the queries itself
     chunked_state = initial.clone()
-    chunked = delta_rule.chunked(chunked_state, q, k, v, g, beta, block)
-    stepped_state = initial.clone()[None]
-    stepped = torch.stack([delta_rule.recurrent_step(stepped_state, q[t][None], k[t][None], v[t][None], g[t][None],
-                                                     beta[t][None])[0] for t in range(length)])
+    wanted = sorted({1, length // 3 + 1, block, length} & set(range(1, length + 1)))  # inside and at block ends
+    chunked, snapshots = delta_rule.chunked(chunked_state, q, k, v, g, beta, block, snapshots=wanted)
+    stepped_state, states_after = initial.clone()[None], {}
+    stepped = []
+    for t in range(length):
+        stepped.append(delta_rule.recurrent_step(stepped_state, q[t][None], k[t][None], v[t][None], g[t][None],
+                                                 beta[t][None])[0])
+        states_after[t + 1] = stepped_state[0].clone()
+    stepped = torch.stack(stepped)
+    assert len(snapshots) == len(wanted)
+    for count, snapshot in zip(wanted, snapshots):
+        torch.testing.assert_close(snapshot, states_after[count], rtol=1e-5, atol=2e-5)
     for out, state in ((chunked, chunked_state), (stepped, stepped_state[0])):
         torch.testing.assert_close(out, expected[0], rtol=1e-5, atol=2e-5)
         torch.testing.assert_close(state, expected_state[0], rtol=1e-5, atol=2e-5)
@@ -214,3 +226,53 @@ def test_int4_equals_transformers_on_the_int4_grid(checkpoint, monkeypatch, disa
     tolerance = 0.25 if kernels is not None and kernels.isa == "avx512" and kernels.vnni else 0.02
     assert_first_tokens_match(llm, hf, ("Hello, world!", "The quick brown fox", "1 2 3 4 5"), tolerance,
                               tie_margin=2 * tolerance)
+
+
+# --- prefix caching through state snapshots -------------------------------------------------------
+SYSTEM = "You are the help desk of a small library. " * 8
+
+
+def test_a_shared_prefix_is_served_from_a_state_snapshot(checkpoint):
+    llm = LLM(str(checkpoint), chunk_size=48)  # snapshots inside chunks, not only at their ends
+    first, second = (llm.tokenizer.encode(SYSTEM + question) for question in ("When do you open?", "Can I print?"))
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    block = llm.parts.engine_config.block_size
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    llm.generate([first], params)
+    before = llm.engine.stats.prefill_tokens_total
+    out = llm.generate([second], params)[0]
+    assert llm.engine.stats.prefill_tokens_total - before == len(second) - shared // block * block
+    assert out.token_ids == reference(checkpoint, tuple(second))
+    usage = llm.parts.cache.usage()
+    assert usage.state_snapshots > 0 and usage.states_used == usage.state_snapshots  # no live state left
+    assert usage.used == usage.cached
+
+
+def test_snapshots_stay_within_their_budget(checkpoint):
+    llm = LLM(str(checkpoint), chunk_size=48, state_cache_mib=1)
+    cache = llm.parts.cache
+    cache.snapshot_capacity = 3  # of the slots 1 MiB holds, only three for snapshots
+    prompts = [llm.tokenizer.encode(SYSTEM + f"Question {i}?") for i in range(3)]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == reference(checkpoint, tuple(prompt))
+    usage = cache.usage()
+    assert 0 < usage.state_snapshots <= 3 and usage.states_used == usage.state_snapshots
+
+
+def test_a_hit_backs_off_below_evicted_blocks(checkpoint):
+    llm = LLM(str(checkpoint), chunk_size=48, kv_blocks=7, max_batch=2)
+    first, second = (llm.tokenizer.encode(SYSTEM + question) for question in ("When do you open?", "Can I print?"))
+    other = llm.tokenizer.encode("An unrelated request that needs blocks of its own. " * 4)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    llm.generate([first], params)
+    llm.generate([other], params)  # evicts the least recently used of first's cached blocks: its last
+    block = llm.parts.engine_config.block_size
+    shared = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b) // block * block
+    before = llm.engine.stats.prefill_tokens_total
+    out = llm.generate([second], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))[0]
+    cached = len(second) - (llm.engine.stats.prefill_tokens_total - before)
+    assert 0 < cached < shared and llm.parts.cache.usage().prefix_hit_blocks == cached // block
+    assert out.token_ids == reference(checkpoint, tuple(second))
+    usage = llm.parts.cache.usage()
+    assert usage.states_used == usage.state_snapshots and usage.used == usage.cached

@@ -8,7 +8,7 @@ write. Each prefill chunk runs the chunked form in torch ops."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,7 @@ class StateLayout:
     rows: list[slice]  # each chunk's rows in the step
     decodes: torch.Tensor  # indices of the one-row chunks
     decode_rows: torch.Tensor  # their rows
+    snapshots: list[list[tuple[int, int]]]  # each chunk's (rows in, slot): copy the state after that many rows
 
 
 def state_layout(batch: StepBatch, cache: RecurrentState) -> StateLayout:
@@ -42,12 +43,16 @@ def state_layout(batch: StepBatch, cache: RecurrentState) -> StateLayout:
         rows.append(slice(first, first + len(chunk.token_ids)))
         first += len(chunk.token_ids)
     decodes = [i for i, r in enumerate(rows) if r.stop - r.start == 1]
+    snapshots = [[] if len(c.token_ids) == 1 else
+                 [(p - c.start, slot) for p, slot in cache.snapshot_slots(c.seq_id, c.start, c.start + len(c.token_ids))]
+                 for c in batch.chunks]
     return StateLayout(
         slots=torch.tensor([cache.state_slot(c.seq_id) for c in batch.chunks], dtype=torch.long),
         fresh=torch.tensor([c.start == 0 for c in batch.chunks], dtype=torch.bool),
         rows=rows,
         decodes=torch.tensor(decodes, dtype=torch.long),
         decode_rows=torch.tensor([rows[i].start for i in decodes], dtype=torch.long),
+        snapshots=snapshots,
     )
 
 
@@ -112,20 +117,23 @@ class GatedDeltaNetLayer:
             if rows.stop - rows.start > 1:
                 out[rows] = in_torch_ops(kind, self.conv, self.out_norm, storage, index, layout.slots[i:i + 1],
                                          layout.fresh[i:i + 1], mixed[rows], z[rows], g[rows], beta[rows], eps,
-                                         chunked=True)
+                                         chunked=True, snapshots=layout.snapshots[i])
         return self.out_proj(out)
 
 
 def in_torch_ops(kind: GatedDeltaNet, conv: torch.Tensor, out_norm: torch.Tensor, storage, index: int,
                  slots: torch.Tensor, fresh: torch.Tensor, mixed: torch.Tensor, z: torch.Tensor, g: torch.Tensor,
-                 beta: torch.Tensor, eps: float, chunked: bool) -> torch.Tensor:
+                 beta: torch.Tensor, eps: float, chunked: bool, snapshots: Sequence[tuple[int, int]] = ()
+                 ) -> torch.Tensor:
     """What the layer computes between its projections, in torch ops through StateStorage.read and
     write: one chunk of one sequence (chunked), or one row each of len(slots) sequences ->
-    [rows, value heads * value_dim]. conv [channels, taps], out_norm [value_dim]."""
+    [rows, value heads * value_dim]. conv [channels, taps], out_norm [value_dim]. snapshots: for a
+    chunk, (rows, slot) pairs: the state after that many of its rows is also written to slot."""
     history, state = storage.read(index, slots)
     if bool(fresh.any()):
         history[fresh], state[fresh] = 0, 0
     if chunked:
+        window = torch.cat([history[0], mixed.float()])  # the convolution's inputs, earlier ones first
         convolved, history[0] = delta_rule.causal_conv(history[0], mixed.float(), conv)
     else:
         convolved, history = delta_rule.causal_conv_step(history, mixed.float(), conv)
@@ -135,7 +143,11 @@ def in_torch_ops(kind: GatedDeltaNet, conv: torch.Tensor, out_norm: torch.Tensor
             .repeat_interleave(kind.num_value_heads // kind.num_key_heads, dim=1) for t in (q, k))
     q, v = q * kind.key_dim ** -0.5, v.reshape(T, kind.num_value_heads, kind.value_dim)
     if chunked:
-        out = delta_rule.chunked(state[0], q, k, v, g, beta, DELTA_RULE_BLOCK)
+        out, taken = delta_rule.chunked(state[0], q, k, v, g, beta, DELTA_RULE_BLOCK, [rows for rows, _ in snapshots])
+        if snapshots:  # the history after r rows: the taps - 1 inputs before row r
+            taps = conv.shape[1] - 1
+            storage.write(index, torch.tensor([slot for _, slot in snapshots]),
+                          torch.stack([window[rows:rows + taps] for rows, _ in snapshots]), torch.stack(taken))
     else:
         out = delta_rule.recurrent_step(state, q, k, v, g, beta)
     storage.write(index, slots, history, state)

@@ -1,7 +1,9 @@
 """The recurrent state of every linear-attention layer (protocols.StateStorage), one row per slot:
 float32 convolution histories (conv_history) [slots, taps, channels] and states [slots, heads, key_dim,
 value_dim]. It grows by doubling when a slot past its end is first taken, so a server that runs
-two sequences holds two sequences' states."""
+two sequences holds two sequences' states. Every change runs in inference mode, wherever it is
+called from (the executor's step, or the cache's fork and prefix hit), since the tensors grow
+in either."""
 from __future__ import annotations
 
 import torch
@@ -19,6 +21,7 @@ class TorchStateStorage:
     def num_slots(self) -> int:
         return self.conv_history[0].shape[0] if self.conv_history else 0
 
+    @torch.inference_mode()
     def ensure_slots(self, num_slots: int) -> None:
         if num_slots > self.max_slots:
             raise ValueError(f"state slot {num_slots - 1} is past the {self.max_slots} this storage holds")
@@ -32,10 +35,12 @@ class TorchStateStorage:
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.conv_history[layer].index_select(0, slots), self.recurrent[layer].index_select(0, slots)
 
+    @torch.inference_mode()
     def write(self, layer: int, slots: torch.Tensor, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
         self.conv_history[layer].index_copy_(0, slots, conv)
         self.recurrent[layer].index_copy_(0, slots, recurrent)
 
+    @torch.inference_mode()
     def copy_slot(self, src: int, dst: int) -> None:
         for tensors in (self.conv_history, self.recurrent):
             for t in tensors:

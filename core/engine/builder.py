@@ -118,7 +118,8 @@ def build_engine(
 
 def with_state_if_needed(cache: KVCache, compute: Backend, model_config: ModelConfig, config: EngineConfig) -> KVCache:
     """cache itself, or for a model with linear-attention layers cache wrapped to hold a
-    recurrent state for each of the max_batch sequences a step may run (kv.hybrid)."""
+    recurrent state for each of the max_batch sequences a step may run, and as many prefix-cache
+    snapshots as state_cache_mib holds (kv.hybrid)."""
     if not model_config.linear_attention():
         return cache
     if not isinstance(compute, HoldsRecurrentState):
@@ -127,7 +128,10 @@ def with_state_if_needed(cache: KVCache, compute: Backend, model_config: ModelCo
     if isinstance(cache, SlidingWindow):
         raise ValueError(f"{model_config.architecture} keeps a recurrent state beside its attention layers; "
                          "a sliding-window KV cache cannot serve it")
-    return with_recurrent_state(cache, compute.create_state_storage(model_config, config.max_batch), config.max_batch)
+    per_state = sum(kind.state_bytes() for kind in model_config.linear_attention())
+    snapshots = config.state_cache_mib * 2**20 // per_state if config.prefix_cache else 0
+    storage = compute.create_state_storage(model_config, config.max_batch + snapshots)
+    return with_recurrent_state(cache, storage, config.max_batch, snapshots)
 
 
 def float_model_too_big(model_config: ModelConfig, dtype: str, headroom: float = 0.8) -> str:

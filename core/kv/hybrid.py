@@ -2,26 +2,41 @@
 attention layers' keys and values in any KV cache, wrapped, and each sequence's recurrent state
 in a slot of the backend's StateStorage.
 
-A sequence takes a slot with its first allocation and gives it back with free (finishing,
+A sequence takes a live slot with its first allocation and gives it back with free (finishing,
 aborting or preemption: recomputation starts again from position 0, from zeros). A forked
 sequence gets a copy of its parent's state, since a state changes with every step and cannot be
-shared the way a full KV block is. Prefix caching and rewinding are not offered yet: a prefix hit
-would need the state at the hit's last position, and a rejected draft the state before it."""
+shared the way a full KV block is.
+
+Prefix caching (when the wrapped cache has it): a state holds a whole prefix, so a hit needs the
+state at the hit's last position. The executor copies the state at every block boundary inside a
+prefill chunk into a snapshot slot (``snapshot_slots``); publishing the sequence's blocks files
+each snapshot under the chained hash of the block ending there, so a later prompt's hit backs off
+to the deepest boundary that has a snapshot, copies it into its live slot and computes on from
+there. Snapshots take at most snapshot_slots slots, least recently used evicted first; live
+slots never wait for them. Rewinding is not offered: a rejected draft would need the state
+before it."""
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Sequence
 
-from ..protocols import Forking, KVCache, KVUsage, LossyKV, StateStorage
+from ..protocols import Forking, KVCache, KVUsage, LossyKV, PrefixCaching, StateStorage
+from .block_hash import ROOT_HASH, chain_hashes
 
 
 class HybridCache:
-    def __init__(self, kv: KVCache, state_storage: StateStorage, num_slots: int) -> None:
+    def __init__(self, kv: KVCache, state_storage: StateStorage, live_slots: int, snapshot_slots: int = 0) -> None:
         self.kv = kv
         self.block_size = kv.block_size
         self.state_storage = state_storage
-        self.num_slots = num_slots
-        self._free_slots = list(range(num_slots - 1, -1, -1))  # lowest first: storage grows only as needed
-        self._slots: dict[int, int] = {}
+        self.live_slots, self.snapshot_capacity = live_slots, snapshot_slots
+        total = live_slots + snapshot_slots
+        self._free = list(range(total - 1, -1, -1))  # lowest first: the storage grows only as far as used
+        self._live: dict[int, int] = {}
+        self._pending: dict[int, dict[int, int]] = {}  # seq -> {position: slot} written, not yet published
+        self._snapshots: OrderedDict[bytes, int] = OrderedDict()  # block hash -> slot, least recently used first
+        self._chains: dict[int, list[bytes]] = {}  # seq -> hashes of its full blocks (as far as published)
+        self.state_hit_tokens = 0  # what hits served (a hit backed off below evicted blocks matches twice in kv)
         if isinstance(kv, LossyKV):
             self.exact_counterpart = kv.exact_counterpart
 
@@ -30,33 +45,40 @@ class HybridCache:
         """The wrapped cache's KV storage (the executor may read it in place, as the wrapped cache's)."""
         return self.kv.storage
 
+    @property
+    def caches_prefixes(self) -> bool:
+        return isinstance(self.kv, PrefixCaching) and self.snapshot_capacity > 0
+
     def usage(self) -> KVUsage:
         usage = self.kv.usage()
-        return KVUsage(usage.total, usage.used, usage.cached, usage.prefix_hit_blocks, usage.cow_copies,
-                       states_total=self.num_slots, states_used=len(self._slots))
+        held = len(self._live) + len(self._snapshots) + sum(map(len, self._pending.values()))
+        return KVUsage(usage.total, usage.used, usage.cached, self.state_hit_tokens // self.block_size, usage.cow_copies,
+                       states_total=self.live_slots + self.snapshot_capacity, states_used=held,
+                       state_snapshots=len(self._snapshots))
 
     def can_fit(self, num_tokens: int) -> bool:
         return self.kv.can_fit(num_tokens)
 
     def allocate_slots(self, seq_id: int, start: int, num_tokens: int, expected_total: int = 0) -> bool:
-        fresh = seq_id not in self._slots
-        if fresh and not self._take_slot(seq_id):
+        fresh = seq_id not in self._live
+        if fresh and not self._take_live(seq_id):
             return False
         if self.kv.allocate_slots(seq_id, start, num_tokens, expected_total):
             return True
         if fresh:
-            self._release_slot(seq_id)
+            self._release(self._live.pop(seq_id))
         return False
 
     def free(self, seq_id: int) -> None:
         self.kv.free(seq_id)
-        self._release_slot(seq_id)
+        if seq_id in self._live:
+            self._release(self._live.pop(seq_id))
+        for slot in self._pending.pop(seq_id, {}).values():
+            self._release(slot)
+        self._chains.pop(seq_id, None)
 
     def block_table(self, seq_id: int) -> Sequence[int]:
         return self.kv.block_table(seq_id)
-
-    def state_slot(self, seq_id: int) -> int:
-        return self._slots[seq_id]
 
     def write(self, layer: int, slots: Any, keys: Any, values: Any) -> None:
         self.kv.write(layer, slots, keys, values)
@@ -64,18 +86,100 @@ class HybridCache:
     def read(self, layer: int, slots: Any) -> tuple[Any, Any]:
         return self.kv.read(layer, slots)
 
-    def _take_slot(self, seq_id: int) -> bool:
-        if not self._free_slots:
+    # --- recurrent state ----------------------------------------------------------------
+    def state_slot(self, seq_id: int) -> int:
+        return self._live[seq_id]
+
+    def snapshot_slots(self, seq_id: int, start: int, stop: int) -> list[tuple[int, int]]:
+        """(position, slot) for each block boundary in (start, stop] that gets a snapshot: the
+        executor copies the sequence's state after that many tokens into the slot."""
+        if not self.caches_prefixes:
+            return []
+        taken = []
+        first = -(-(start + 1) // self.block_size) * self.block_size
+        for position in range(first, stop + 1, self.block_size):
+            slot = self._take_snapshot_slot()
+            if slot is None:
+                break
+            self._pending.setdefault(seq_id, {})[position] = slot
+            taken.append((position, slot))
+        return taken
+
+    # --- prefix caching -----------------------------------------------------------------
+    def match_prefix(self, seq_id: int, token_ids: Sequence[int]) -> int:
+        """The wrapped cache's hit, backed off to the deepest block boundary with a snapshot; the
+        snapshot becomes the sequence's live state."""
+        if not self.caches_prefixes:
+            return 0
+        hashes = chain_hashes(token_ids, self.block_size, (len(token_ids) - 1) // self.block_size)
+        blocks = next((i + 1 for i in range(len(hashes) - 1, -1, -1) if hashes[i] in self._snapshots), 0)
+        while blocks:
+            hit = self.kv.match_prefix(seq_id, token_ids[:blocks * self.block_size + 1])
+            if hit == blocks * self.block_size:
+                break
+            self.kv.free(seq_id)  # some of its blocks were evicted: back off below them
+            blocks = next((i + 1 for i in range(hit // self.block_size - 1, -1, -1) if hashes[i] in self._snapshots), 0)
+        if not blocks:
+            return 0
+        if seq_id not in self._live and not self._take_live(seq_id):
+            self.kv.free(seq_id)
+            return 0
+        snapshot = self._snapshots[hashes[blocks - 1]]
+        self._snapshots.move_to_end(hashes[blocks - 1])
+        self.state_storage.copy_slot(snapshot, self._live[seq_id])
+        self._chains[seq_id] = hashes[:blocks]
+        self.state_hit_tokens += blocks * self.block_size
+        return blocks * self.block_size
+
+    def publish(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
+        if isinstance(self.kv, PrefixCaching):
+            self.kv.publish(seq_id, token_ids, num_computed)
+        pending = self._pending.get(seq_id)
+        if not pending:
+            return
+        chain = self._chains.setdefault(seq_id, [])
+        full = num_computed // self.block_size
+        if full > len(chain):
+            chain += chain_hashes(token_ids, self.block_size, full - len(chain), chain[-1] if chain else ROOT_HASH,
+                                  first_block=len(chain))
+        for position in [p for p in pending if p <= num_computed]:
+            slot, block_hash = pending.pop(position), chain[position // self.block_size - 1]
+            if block_hash in self._snapshots:  # another sequence computed the same prefix first
+                self._release(slot)
+                self._snapshots.move_to_end(block_hash)
+            else:
+                self._snapshots[block_hash] = slot
+
+    # --- slots --------------------------------------------------------------------------
+    def _take_live(self, seq_id: int) -> bool:
+        if len(self._live) >= self.live_slots:
             return False
-        slot = self._free_slots.pop()
-        self.state_storage.ensure_slots(slot + 1)
-        self._slots[seq_id] = slot
+        slot = self._take(evict=True)
+        if slot is None:
+            return False
+        self._live[seq_id] = slot
         return True
 
-    def _release_slot(self, seq_id: int) -> None:
-        slot = self._slots.pop(seq_id, None)
-        if slot is not None:
-            self._free_slots.append(slot)
+    def _take_snapshot_slot(self) -> int | None:
+        held = len(self._snapshots) + sum(map(len, self._pending.values()))
+        if held < self.snapshot_capacity:  # then a slot is free beyond what live sequences may still take
+            return self._take(evict=False)
+        return self._evict()  # at its share: the least recently used snapshot's slot, if any
+
+    def _take(self, evict: bool) -> int | None:
+        if self._free:
+            slot = self._free.pop()
+            self.state_storage.ensure_slots(slot + 1)
+            return slot
+        return self._evict() if evict else None
+
+    def _evict(self) -> int | None:
+        if not self._snapshots:
+            return None
+        return self._snapshots.popitem(last=False)[1]
+
+    def _release(self, slot: int) -> None:
+        self._free.append(slot)
 
 
 class ForkingHybridCache(HybridCache):
@@ -84,12 +188,16 @@ class ForkingHybridCache(HybridCache):
     kv: Forking
 
     def fork(self, parent_id: int, child_id: int) -> None:
-        if not self._take_slot(child_id):
+        if not self._take_live(child_id):
             raise RuntimeError(f"no recurrent-state slot left to fork sequence {parent_id}")
         self.kv.fork(parent_id, child_id)
-        self.state_storage.copy_slot(self._slots[parent_id], self._slots[child_id])
+        self.state_storage.copy_slot(self._live[parent_id], self._live[child_id])
+        self._chains[child_id] = list(self._chains.get(parent_id, ()))
 
 
-def with_recurrent_state(kv: KVCache, state_storage: StateStorage, num_slots: int) -> HybridCache:
-    """kv wrapped to hold num_slots sequences' recurrent states too."""
-    return (ForkingHybridCache if isinstance(kv, Forking) else HybridCache)(kv, state_storage, num_slots)
+def with_recurrent_state(kv: KVCache, state_storage: StateStorage, live_slots: int,
+                         snapshot_slots: int = 0) -> HybridCache:
+    """kv wrapped to hold live_slots sequences' recurrent states, and up to snapshot_slots states
+    at block boundaries for prefix caching."""
+    return (ForkingHybridCache if isinstance(kv, Forking) else HybridCache)(kv, state_storage, live_slots,
+                                                                           snapshot_slots)

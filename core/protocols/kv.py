@@ -17,7 +17,8 @@ class KVUsage:
     prefix_hit_blocks: int = 0
     cow_copies: int = 0
     states_total: int = 0  # recurrent-state slots (a model with linear attention; protocols.state)
-    states_used: int = 0  # held by a sequence
+    states_used: int = 0  # held by a sequence or a prefix-cache snapshot
+    state_snapshots: int = 0  # held by the prefix cache: states at block boundaries
 
     @property
     def free(self) -> int:

@@ -4,7 +4,7 @@ that serves a model with such layers hands each sequence a slot (RecurrentState)
 can run such layers makes the storage (HoldsRecurrentState)."""
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 
 @runtime_checkable
@@ -40,6 +40,10 @@ class RecurrentState(Protocol):
     state_storage: StateStorage
 
     def state_slot(self, seq_id: int) -> int: ...
+
+    def snapshot_slots(self, seq_id: int, start: int, stop: int) -> Sequence[tuple[int, int]]:
+        """For a prefill chunk of positions [start, stop): (p, slot) pairs asking the executor to
+        also copy the state after p tokens (start < p <= stop) into slot, for prefix caching."""
 
 
 @runtime_checkable

@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int, default=None)
     p.add_argument("--seed", type=int, default=None, help="seeds the per-request seeds of unseeded requests")
     p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument("--state-cache-mib", type=int, default=DEFAULTS.state_cache_mib, metavar="MIB",
+                   help="a model with linear attention (Qwen3.5, Qwen3-Next): memory for the prefix cache's "
+                        "recurrent states at block boundaries, least recently used evicted first "
+                        f"(default {DEFAULTS.state_cache_mib})")
     p.add_argument("--batching", choices=BATCHING_MODES, default=DEFAULTS.batching,
                    help="continuous (default) or static: admit a new batch only when the last one finished")
     p.add_argument("--served-model-name", default=None, help="model name the API reports and accepts")
@@ -120,6 +124,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         prefix_cache=not args.no_prefix_cache, seed=args.seed, batching=args.batching,
         scheduling_policy=args.scheduling_policy, kv_window=args.kv_window,
         speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens, kv_dtype=args.kv_dtype,
+        state_cache_mib=args.state_cache_mib,
     )
 
 

@@ -117,13 +117,18 @@ def make_checkpoint(peers: Peers) -> None:
 
 
 def make_gguf(peers: Peers) -> None:
-    if not peers.gguf_bf16.exists():
+    write_ggufs(peers, peers.checkpoint, peers.gguf_bf16, peers.gguf_q4_0)
+
+
+def write_ggufs(peers: Peers, checkpoint: Path, bf16: Path, q4_0: Path, converter_args: tuple[str, ...] = ()) -> None:
+    """checkpoint converted by llama.cpp's own converter to GGUF BF16, then quantized to Q4_0
+    (each file written once)."""
+    if not bf16.exists():
         converter = llama_source(peers) / "convert_hf_to_gguf.py"
-        run([sys.executable, converter, peers.checkpoint, "--outtype", "bf16", "--outfile", peers.gguf_bf16])
-    if not peers.gguf_q4_0.exists():
-        run([peers.llama_bin("llama-quantize"), peers.gguf_bf16, peers.gguf_q4_0, "Q4_0"])
-    print(f"gguf: {peers.gguf_bf16.name} {peers.gguf_bf16.stat().st_size / 2**20:.0f} MiB, "
-          f"{peers.gguf_q4_0.name} {peers.gguf_q4_0.stat().st_size / 2**20:.0f} MiB")
+        run([sys.executable, converter, checkpoint, *converter_args, "--outtype", "bf16", "--outfile", bf16])
+    if not q4_0.exists():
+        run([peers.llama_bin("llama-quantize"), bf16, q4_0, "Q4_0"])
+    print(f"gguf: {bf16.name} {bf16.stat().st_size / 2**20:.0f} MiB, {q4_0.name} {q4_0.stat().st_size / 2**20:.0f} MiB")
 
 
 def install_vllm(peers: Peers) -> None:

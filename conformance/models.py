@@ -161,6 +161,14 @@ class LinearAttentionGeometry:
 
 QWEN3_5_TINY = Qwen3Geometry(num_hidden_layers=4, head_dim=32)  # rotary over a quarter of 32 dimensions
 
+# Qwen/Qwen3.5-0.8B's text_config: 24 layers (linear attention 3 of 4), hidden 1024, 8 q / 2 kv
+# heads x 256, 16 key and 16 value heads x 128 in the linear layers, vocabulary 248,320, tied.
+QWEN3_5_0_8B = Qwen3Geometry(num_hidden_layers=24, hidden_size=1024, intermediate_size=3584, num_attention_heads=8,
+                             num_key_value_heads=2, head_dim=256, vocab_size=248320, max_position_embeddings=262144,
+                             rope_theta=10_000_000.0)
+QWEN3_5_0_8B_LINEAR = LinearAttentionGeometry(linear_num_key_heads=16, linear_num_value_heads=16,
+                                              linear_key_head_dim=128, linear_value_head_dim=128)
+
 
 # Qwen3.5's families: config.json's model_type for the text model, and the multimodal layout's
 # config and model classes in transformers (None: published as a text model only)
@@ -174,13 +182,14 @@ QWEN3_5_FAMILIES = {
 def make_qwen3_5_checkpoint(directory: Path, geometry: Qwen3Geometry = QWEN3_5_TINY,
                             linear: LinearAttentionGeometry = LinearAttentionGeometry(), seed: int = 0,
                             multimodal: bool = False, family: str = "dense", routing: MoeRouting | None = None,
-                            shared_expert_size: int = 96) -> Path:
+                            shared_expert_size: int = 96, dtype: str = "float32", init_std: float = 0.2) -> Path:
     """Write a random checkpoint directory of a Qwen3.5 family (QWEN3_5_FAMILIES): the text model
     (make_random_checkpoint), or with multimodal the ...ForConditionalGeneration layout the hub's
     checkpoints have (the decoder's fields under text_config, its tensors under
     model.language_model, a one-block vision tower beside), with the same decoder weights for the
     same seed. The "moe" and "next" families route as `routing` says (Qwen3.5-MoE always
-    renormalizes) and add a shared expert of shared_expert_size."""
+    renormalizes) and add a shared expert of shared_expert_size. dtype and init_std as for
+    make_random_checkpoint."""
     model_type, config_class, model_class = QWEN3_5_FAMILIES[family]
     fields = asdict(linear)
     interval = fields.pop("full_attention_interval")
@@ -193,7 +202,7 @@ def make_qwen3_5_checkpoint(directory: Path, geometry: Qwen3Geometry = QWEN3_5_T
         if family == "next":
             fields.update(norm_topk_prob=routing.norm_topk_prob, decoder_sparse_step=routing.decoder_sparse_step,
                           mlp_only_layers=list(routing.mlp_only_layers))
-    directory = make_random_checkpoint(directory, model_type, geometry, seed, **fields)
+    directory = make_random_checkpoint(directory, model_type, geometry, seed, dtype, init_std, **fields)
     if not multimodal:
         return directory
     if config_class is None:

@@ -311,3 +311,16 @@ def test_nothing_leaks_and_the_server_still_answers(server):
     assert m["kv_blocks_used"] == m["kv_blocks_cached"] and m["requests_active"] == 0 and m["queue_depth"] == 0
     server.assert_still_serving()
     assert not {case: s for case, s in statuses.items() if s >= 500}, "bad input answered with a server error"
+
+
+@pytest.mark.parametrize("part", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                                  {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}])
+def test_an_image_or_audio_part_is_refused_by_name(server, part):
+    """A multimodal checkpoint (Qwen3.5) is served as its text model: its image parts are a 400
+    that says so, naming the part, not a complaint that the part's type is not "text"."""
+    content = [{"type": "text", "text": "What is in this picture?"}, part]
+    status, headers, raw = server.request("POST", "/v1/chat/completions",
+                                          body(messages=[{"role": "user", "content": content}]))
+    error = assert_openai_error(status, headers, raw, 400)
+    assert f"{part['type']} content parts are not supported" in error["message"], error
+    assert error["param"].startswith("messages[0].content[1]"), error

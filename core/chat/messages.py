@@ -14,12 +14,29 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AfterValidator, Discriminator, Field, Tag, TypeAdapter, model_validator
 
 from ..errors import InvalidRequest
-from .validation import Body, load_json, validate
+from .validation import Body, load_json, refused, validate
 
 
 class TextPart(Body):
     type: Literal["text"]
     text: str
+
+
+# Parts the OpenAI API defines that a text model cannot read: a 400 naming the part, not a
+# complaint that its type is not "text" (a multimodal checkpoint is served as its text model).
+REFUSED_PARTS = {kind: refused(kind, name, f"{kind} content parts are not supported: the served model reads text only")
+                 for kind, name in (("image_url", "ImageURLPart"), ("input_audio", "InputAudioPart"),
+                                    ("file", "FilePart"))}
+
+
+def _part_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else None
+    return kind if kind in REFUSED_PARTS else "text"  # a text part, or one whose error says what it should be
+
+
+ContentPart = Annotated[Union[tuple([Annotated[TextPart, Tag("text")]] +
+                                    [Annotated[model, Tag(kind)] for kind, model in REFUSED_PARTS.items()])],
+                        Discriminator(_part_kind)]
 
 
 def _joined(content: str | list[TextPart]) -> str:
@@ -31,7 +48,7 @@ def _content_form(value: Any) -> str | None:
 
 
 Content = Annotated[
-    Union[Annotated[str, Tag("text")], Annotated[list[TextPart], Tag("parts")]],
+    Union[Annotated[str, Tag("text")], Annotated[list[ContentPart], Tag("parts")]],
     Discriminator(_content_form, custom_error_type="content_type",
                   custom_error_message="must be a string or an array of text parts"),
     AfterValidator(_joined)]

@@ -1,0 +1,168 @@
+"""Qwen3.5-0.8B's geometry (24 layers, 18 Gated DeltaNet and 6 gated attention; conformance.models
+QWEN3_5_0_8B) with random weights, served by qwen-serve from the HF checkpoint and by llama.cpp's
+server from the same weights converted by its own converter (GGUF BF16, then Q4_0), one server at
+a time, each measured by `qwen-serve bench`: decode of 128 tokens after 64-token prompts at 1, 8
+and 16 streams, a 512-token prefill, and one stream's decode speed (1 / time per output token)
+after 4k- and 16k-token prompts (a hybrid keeps 6 layers of KV, so its decode should stay nearly
+flat with context), and the time to first token of two requests sharing a 1,000-token system
+prompt (the second should hit the prefix cache). Not run by CI.
+
+    python benchmarks/setup_peers.py --only llama                     # once: llama.cpp's server
+    flock /work/cpu.lock python benchmarks/bench_hybrid.py            # int4 / Q4_0 and bf16 / BF16
+    flock /work/cpu.lock python benchmarks/bench_hybrid.py --only qwen-int4 --only llama-q4_0
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from result_folder import dated_folder
+from servers import RSS_SETTLE_S, RunningServer, ServerCommand, combine_launches, run_bench
+from setup_peers import Peers, write_ggufs
+
+from qwen_serve.bench.machine import describe_machine, machine_header, source_commit
+from qwen_serve.cache_dir import cache_dir
+from qwen_serve.conformance.models import QWEN3_5_0_8B, QWEN3_5_0_8B_LINEAR, make_qwen3_5_checkpoint
+
+SERVERS = ("qwen-int4", "llama-q4_0", "qwen-bf16", "llama-bf16")
+CONCURRENCY = (1, 8, 16)
+COMMON = ["--api", "completions", "--warmup", "1"]
+STAGES = [["--prompt-tokens", "64", "--output-tokens", "128", "--concurrency", str(c), "--repetitions", "3"]
+          for c in CONCURRENCY] + [["--prefill", "--repetitions", "3"]] + \
+    [["--prompt-tokens", str(n), "--output-tokens", "64", "--concurrency", "1", "--repetitions", "1", "--warmup", "0"]
+     for n in (4096, 16384)]
+CONTEXT = 20480  # a 16k prompt and its output fit one llama.cpp slot
+THREADS = "2"
+SYSTEM_WORDS = 1000  # the shared system prompt, in words of the random model's tokenizer (~1 token each)
+
+
+def checkpoint(peers: Peers) -> Path:
+    path = peers.root / "qwen3.5-0.8b-random-bf16"
+    if not (path / "config.json").exists():
+        make_qwen3_5_checkpoint(path, QWEN3_5_0_8B, QWEN3_5_0_8B_LINEAR, seed=3, dtype="bfloat16", init_std=0.05)
+    return path
+
+
+def server_command(name: str, peers: Peers, model: Path, ggufs: dict[str, Path], slots: int) -> ServerCommand:
+    if name.startswith("qwen"):
+        weights = ["--quant", "int4"] if name == "qwen-int4" else ["--dtype", "bfloat16"]
+        return ServerCommand(name, [sys.executable, "-m", "qwen_serve", "--model", str(model), *weights,
+                                    "--max-batch", "16", "--kv-blocks", "2048", "--host", "127.0.0.1",
+                                    "--port", "{port}"], startup_timeout_s=1800)
+    return ServerCommand(name, [str(peers.llama_bin("llama-server")), "-m", str(ggufs[name]), "--host", "127.0.0.1",
+                                "--port", "{port}", "-np", str(slots), "-c", str(CONTEXT * slots if slots == 1 else
+                                                                                 1024 * slots),
+                                "-t", THREADS, "-tb", THREADS, "--metrics"], startup_timeout_s=1200)
+
+
+def shared_prefix_ttft(url: str, tokenizer: Path) -> dict[str, float]:
+    """TTFT of two streamed completions sharing a ~1,000-token system prompt, one after the other."""
+    import httpx
+    import tokenizers
+
+    vocabulary = tokenizers.Tokenizer.from_file(str(tokenizer))
+    words = [w for w in vocabulary.get_vocab() if w.isalpha() and w.isascii() and len(w) > 3][:SYSTEM_WORDS]
+    system = " ".join(words)
+    ttft = {}
+    with httpx.Client(timeout=600) as client:
+        for key, question in (("first", " When do you open?"), ("second", " Can I print here?")):
+            started = time.perf_counter()
+            with client.stream("POST", f"{url}/v1/completions", json={
+                    "model": "m", "prompt": system + question, "max_tokens": 1, "stream": True,
+                    "temperature": 0}) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        ttft[key] = round(time.perf_counter() - started, 3)
+                        break
+            time.sleep(0.5)
+    ttft["prompt_tokens"] = len(vocabulary.encode(system + " Can I print here?").ids)
+    return ttft
+
+
+def measure(name: str, peers: Peers, model: Path, ggufs: dict[str, Path], tokenizer: Path, raw: Path) -> Path:
+    """llama.cpp restarted per stage with -np set to its streams; qwen-serve started once."""
+    raw.mkdir(parents=True, exist_ok=True)
+    slots = [int(args[args.index("--concurrency") + 1]) if "--concurrency" in args else 1 for args in STAGES]
+    launches = [(n, [args]) for args, n in zip(STAGES, slots)] if name.startswith("llama") else [(16, STAGES)]
+    paths, startup = [], None
+    for n, runs in launches:
+        with RunningServer(server_command(name, peers, model, ggufs, n)) as server:
+            startup = startup or round(server.startup_s, 1)
+            for bench_args in runs:
+                path = run_bench(name, server.url, raw, f"{name}.{len(paths)}",
+                                 [*COMMON, "--tokenizer", str(tokenizer), *bench_args],
+                                 f"{source_commit()}; {' '.join(server.argv)}")
+                time.sleep(RSS_SETTLE_S)
+                document = json.loads(path.read_text())
+                document["endpoints"][0]["resident_mib_after"] = round(server.resident_mib(), 1)
+                path.write_text(json.dumps(document, indent=1) + "\n")
+                paths.append(path)
+    with RunningServer(server_command(name, peers, model, ggufs, 1)) as server:
+        shared = shared_prefix_ttft(server.url, tokenizer)
+    out = combine_launches(paths, raw / f"{name}.json")
+    document = json.loads(out.read_text())
+    document["endpoints"][0].update(startup_s=startup, shared_prefix_ttft=shared)
+    out.write_text(json.dumps(document, indent=1) + "\n")
+    for p in paths:
+        p.unlink()
+    return out
+
+
+def _num(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def summary(documents: dict[str, dict]) -> str:
+    lines = ["Qwen3.5-0.8B geometry, random weights (bf16, std 0.05); qwen-serve from the HF checkpoint, "
+             "llama.cpp from its own conversion of it", "",
+             "| server | decode 1 | decode 8 | decode 16 | prefill 512 tok/s | 1-stream decode after 4k | after 16k "
+             "| TTFT 1,000-token system prompt: first / second s | RSS after MiB | start s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, document in documents.items():
+        endpoint = document["endpoints"][0]
+        by_point = {(r["prompt_tokens"], r["concurrency"]): r for r in endpoint["results"]}
+        decode = [by_point.get((64, c), {}).get("output_tok_s") for c in CONCURRENCY]
+        long = [by_point.get((n, 1), {}).get("decode_tok_s_per_stream") for n in (4096, 16384)]
+        shared = endpoint.get("shared_prefix_ttft", {})
+        cells = [_num(v, 1) for v in decode] + [_num(by_point.get((512, 1), {}).get("input_tok_s"))] + \
+            [_num(v, 1) for v in long] + [f"{_num(shared.get('first'), 2)} / {_num(shared.get('second'), 2)}",
+                                          _num(endpoint.get("resident_mib_after"), 0), _num(endpoint.get("startup_s"), 0)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", action="append", choices=SERVERS, help="measure only these")
+    parser.add_argument("--peers", type=Path, default=cache_dir("peers"))
+    parser.add_argument("--out", type=Path, default=None, help="folder (default results/DATE-hybrid-0.8b)")
+    args = parser.parse_args(argv)
+    peers = Peers(args.peers.expanduser().resolve())
+    folder = args.out or dated_folder("hybrid-0.8b")
+    header = machine_header(describe_machine(measure_bandwidth=True))
+    print(header, flush=True)
+    model = checkpoint(peers)
+    names = args.only or list(SERVERS)
+    ggufs = {"llama-bf16": peers.root / "qwen3.5-0.8b-random-bf16.gguf",
+             "llama-q4_0": peers.root / "qwen3.5-0.8b-random-q4_0.gguf"}
+    if any(n.startswith("llama") for n in names):
+        if not peers.llama_bin("llama-server").exists():
+            raise SystemExit("llama.cpp's server is not built: python benchmarks/setup_peers.py --only llama")
+        write_ggufs(peers, model, ggufs["llama-bf16"], ggufs["llama-q4_0"], ("--no-mtp",))
+    documents = {}
+    for name in names:
+        documents[name] = json.loads(measure(name, peers, model, ggufs, model / "tokenizer.json", folder / "raw")
+                                     .read_text())
+    for existing in (folder / "raw").glob("*.json"):  # servers measured by an earlier --only run
+        documents.setdefault(existing.stem, json.loads(existing.read_text()))
+    report = header + "\n\n" + summary(documents)
+    (folder / "hybrid.md").write_text(report + "\n")
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

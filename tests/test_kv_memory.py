@@ -4,13 +4,14 @@ expected number is worked out here from the formula by hand, not taken from the 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
 import pytest
 
 from qwen_serve.kv.memory import blocks_spanned, format_bytes, kv_bytes_per_token
-from qwen_serve.server.kv_table import main
+from qwen_serve.server.kv_table import FORMATS, main
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
@@ -173,3 +174,24 @@ def test_a_moe_config_json_counts_its_dense_and_sparse_layers(tmp_path, capsys):
     fixed = 4 * attention + 3 * dense + 16 * 64 + 4 * (2 * 64 + 2 * 16) + 64 + 1000 * 64
     assert (m["parameters"], m["active_parameters"]) == (fixed + 16 * expert, fixed + 4 * expert)
     assert m["active_weight_bytes"] == 4 * (fixed + 4 * expert)
+
+
+@pytest.mark.parametrize("family", ["dense", "moe", "next"])
+def test_a_hybrid_keeps_kv_in_its_attention_layers_and_a_state_per_sequence(tmp_path, family):
+    """Qwen3.5's geometry as kv-table reads it from config.json: KV bytes for the one attention
+    layer in four, the linear-attention state beside it, and the parameters the checkpoint holds."""
+    from safetensors import safe_open
+
+    from qwen_serve.conformance.models import make_qwen3_5_checkpoint
+    from qwen_serve.kv.geometry import KVGeometry
+
+    path = make_qwen3_5_checkpoint(tmp_path / family, family=family)
+    g = KVGeometry.from_config_file(path)
+    assert (g.num_layers, g.linear_layers, g.full_layers) == (4, 3, 1)
+    assert g.bytes_per_token(FORMATS["bfloat16"]) == 1 * 2 * 2 * 32 * 2  # 1 layer, k and v, 2 heads x 32, 2 B
+    # per linear layer: a 3-input history of 2 x 2 x 16 + 4 x 16 channels and 4 states of 16 x 16, float32
+    assert g.state_bytes == 3 * 4 * (3 * (2 * 2 * 16 + 4 * 16) + 4 * 16 * 16)
+    assert g.bytes_at(100, FORMATS["bfloat16"]) == 100 * 256 + g.state_bytes
+    with safe_open(path / "model.safetensors", "pt") as f:
+        stored = sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    assert g.parameters() == stored

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..models import ARCHITECTURES
 from ..models.architecture import sliding_window_layers
-from ..models.layers import SparseMoE
+from ..models.layers import Attention, GatedDeltaNet, SparseMoE
 from .memory import KVFormat, kv_bytes_at
 
 
@@ -31,24 +31,39 @@ class KVGeometry:
     experts: int = 0  # per sparse layer
     experts_per_token: int = 0
     expert_intermediate_size: int = 0
+    shared_expert_size: int = 0  # per sparse layer, a shared expert of this width (0: none)
+    output_gate: bool = False  # attention's output gated by a projection as wide as its queries
+    # Linear attention (Qwen3.5, Qwen3-Next): layers that keep a fixed-size state per sequence
+    # instead of keys and values, its float32 bytes over all of them, and their parameters
+    # (projections; the small per-head gates, convolution and norms kept in float)
+    linear_layers: int = 0
+    state_bytes: int = 0
+    linear_projection_parameters: int = 0
+    linear_float_parameters: int = 0
+
+    @property
+    def attention_layers(self) -> int:
+        return self.num_layers - self.linear_layers
 
     @property
     def full_layers(self) -> int:
-        return self.num_layers - self.windowed_layers
+        return self.attention_layers - self.windowed_layers
 
     def bytes_per_token(self, fmt: KVFormat, kv_heads: int | None = None) -> int:
-        """KV bytes of one token in every layer (windowed layers included); kv_heads overrides
-        the model's, e.g. num_heads for "as if it were multi-head attention"."""
-        return fmt.bytes_per_token(self.num_layers, kv_heads or self.num_kv_heads, self.head_dim)
+        """KV bytes of one token in every attention layer (windowed layers included); kv_heads
+        overrides the model's, e.g. num_heads for "as if it were multi-head attention"."""
+        return fmt.bytes_per_token(self.attention_layers, kv_heads or self.num_kv_heads, self.head_dim)
 
     def bytes_at(self, context: int, fmt: KVFormat, kv_heads: int | None = None) -> int:
-        """One sequence's KV bytes at `context` tokens, windowed layers holding at most `window`."""
+        """One sequence's KV bytes at `context` tokens, windowed layers holding at most `window`,
+        plus the linear-attention layers' state (whatever the context)."""
         per_layer = fmt.bytes_per_token(1, kv_heads or self.num_kv_heads, self.head_dim)
-        return kv_bytes_at(context, per_layer, self.full_layers, self.windowed_layers, self.window)
+        return kv_bytes_at(context, per_layer, self.full_layers, self.windowed_layers, self.window) + self.state_bytes
 
     def with_window(self, window: int) -> "KVGeometry":
-        """Every layer windowed: what the sliding-window KV cache holds."""
-        return replace(self, name=f"{self.name} (window {window})", window=window, windowed_layers=self.num_layers)
+        """Every attention layer windowed: what the sliding-window KV cache holds."""
+        return replace(self, name=f"{self.name} (window {window})", window=window,
+                       windowed_layers=self.attention_layers)
 
     # --- weights ------------------------------------------------------------------------
     def table_parameters(self) -> int:
@@ -58,16 +73,19 @@ class KVGeometry:
     def projection_parameters(self, active: bool = False) -> int:
         """Every projection's parameters; active: only those one token reads (its experts)."""
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attention = h * q + 2 * h * kv + q * h
+        attention = h * q + 2 * h * kv + q * h + (h * q if self.output_gate else 0)
         dense = 3 * h * self.intermediate_size
-        experts = (self.experts_per_token if active else self.experts) * 3 * h * self.expert_intermediate_size
-        return self.num_layers * attention + (self.num_layers - self.sparse_layers) * dense + self.sparse_layers * experts
+        experts = (self.experts_per_token if active else self.experts) * 3 * h * self.expert_intermediate_size \
+            + 3 * h * self.shared_expert_size
+        return self.attention_layers * attention + self.linear_projection_parameters + \
+            (self.num_layers - self.sparse_layers) * dense + self.sparse_layers * experts
 
     def norm_parameters(self) -> int:
-        """The norms and the routers: the parameters kept in float32 whatever the weights."""
-        per_layer = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
-        routers = self.sparse_layers * self.experts * self.hidden_size
-        return self.num_layers * per_layer + self.hidden_size + routers
+        """The norms, the routers (and shared experts' gates) and linear attention's small tensors:
+        the parameters kept in float32 whatever the weights."""
+        qk_norms = self.attention_layers * (2 * self.head_dim if self.qk_norm else 0)
+        routers = self.sparse_layers * (self.experts + (1 if self.shared_expert_size else 0)) * self.hidden_size
+        return self.num_layers * 2 * self.hidden_size + qk_norms + self.hidden_size + routers + self.linear_float_parameters
 
     def parameters(self, active: bool = False) -> int:
         return self.table_parameters() + self.projection_parameters(active) + self.norm_parameters()
@@ -94,19 +112,28 @@ class KVGeometry:
         heads = cfg["num_attention_heads"]
         architecture = ARCHITECTURES.get((cfg.get("architectures") or [""])[0])
         window, sliding = (architecture.window_layers if architecture else sliding_window_layers)(cfg)
-        sparse = [kind for kind in (architecture.decoder_layer(cfg, i).mlp for i in range(cfg["num_hidden_layers"]))
-                  if isinstance(kind, SparseMoE)] if architecture else []
+        layers = [architecture.decoder_layer(cfg, i) for i in range(cfg["num_hidden_layers"])] if architecture else []
+        sparse = [layer.mlp for layer in layers if isinstance(layer.mlp, SparseMoE)]
+        linear = [layer.mixer for layer in layers if isinstance(layer.mixer, GatedDeltaNet)]
+        h = cfg["hidden_size"]
         return cls(
             name=name, num_layers=cfg["num_hidden_layers"], num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            hidden_size=cfg["hidden_size"], intermediate_size=cfg.get("intermediate_size", 0),
+            head_dim=cfg.get("head_dim") or h // heads,
+            hidden_size=h, intermediate_size=cfg.get("intermediate_size", 0),
             vocab_size=cfg["vocab_size"], tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qk_norm=cfg.get("model_type", "").startswith("qwen3"),
             window=window if any(sliding) else None, windowed_layers=sum(sliding),
             sparse_layers=len(sparse), experts=sparse[0].num_experts if sparse else 0,
             experts_per_token=sparse[0].top_k if sparse else 0,
             expert_intermediate_size=sparse[0].intermediate_size if sparse else 0,
+            shared_expert_size=sparse[0].shared_expert_size if sparse else 0,
+            output_gate=any(isinstance(layer.mixer, Attention) and layer.mixer.output_gate for layer in layers),
+            linear_layers=len(linear), state_bytes=sum(kind.state_bytes() for kind in linear),
+            linear_projection_parameters=sum(h * (kind.conv_channels + 2 * kind.num_value_heads * kind.value_dim)
+                                             for kind in linear),
+            linear_float_parameters=sum(kind.parameters(h) + kind.value_dim - h * (
+                kind.conv_channels + 2 * kind.num_value_heads * kind.value_dim) for kind in linear),  # and its norm
         )
 
     @classmethod

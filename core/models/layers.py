@@ -156,9 +156,11 @@ class GatedDeltaNet:
         return 4 * (taps * channels + heads * k * v)
 
     def parameters(self, hidden: int) -> int:
+        """Its weights but the output norm's (value_dim): projections, per-head gates with A_log
+        and dt_bias, the convolution."""
         value_width = self.num_value_heads * self.value_dim
         return hidden * (self.conv_channels + 2 * value_width + 2 * self.num_value_heads) + \
-            self.conv_channels * self.conv_kernel
+            self.conv_channels * self.conv_kernel + 2 * self.num_value_heads
 
     def weight_names(self) -> tuple[str, ...]:
         return tuple(f"{self.prefix}.{p}.weight" for p in self.projections + self.gates + ("conv1d", "norm")) + \

@@ -6,8 +6,8 @@
 
 For each model: KV bytes per token and per block in fp32 / bf16 / int8 with its scales / "as if
 MHA" (bf16 with as many kv heads as query heads), the share of layers that keep a full cache
-(hybrid and windowed layouts keep only a window in the others), each sequence's KV at the given
-context lengths, the weights in total and as read per decoded token (a mixture of experts reads
+(windowed layouts keep only a window in the others; linear-attention layers a fixed-size state per
+sequence instead), each sequence's KV (and state) at the given context lengths, the weights in total and as read per decoded token (a mixture of experts reads
 only the experts its router picks), and with --budget how many such sequences fit next to the weights. A markdown
 table by default, --json for scripts. Every figure comes from qwen_serve.kv.memory.
 """
@@ -76,6 +76,7 @@ def model_figures(g: KVGeometry, contexts: Sequence[int], block_size: int, budge
     return {
         "name": g.name, "layers": g.num_layers, "heads": g.num_heads, "kv_heads": g.num_kv_heads,
         "head_dim": g.head_dim, "full_cache_layers": g.full_layers, "window": g.window,
+        "linear_attention_layers": g.linear_layers, "state_bytes_per_sequence": g.state_bytes,
         "bytes_per_token": per_token,
         "bytes_per_block": {key: value * block_size for key, value in per_token.items()},
         "bf16_over_int8": per_token["bfloat16"] / per_token["int8"],
@@ -93,7 +94,11 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 def render_markdown(report: dict[str, Any]) -> str:
     models, block = report["models"], report["block_size"]
     full = lambda m: (f"{m['full_cache_layers']}/{m['layers']} ({m['full_cache_layers'] / m['layers']:.0%})"
-                      + (f"; {m['layers'] - m['full_cache_layers']} keep the last {m['window']}" if m["window"] else ""))
+                      + (f"; {m['layers'] - m['full_cache_layers'] - m['linear_attention_layers']} keep the last "
+                         f"{m['window']}" if m["window"] else "")
+                      + (f"; {m['linear_attention_layers']} linear attention: "
+                         f"{format_bytes(m['state_bytes_per_sequence'])} of state per sequence"
+                         if m["linear_attention_layers"] else ""))
     per_token = table(
         ["model", "layers", "kv heads x head_dim", "layers with a full cache"] + [f"{HEADERS[k]} / token" for k in
         ("float32", "bfloat16", "int8", "mha_bfloat16")] + [f"bf16 / block of {block}", f"int8 / block of {block}",

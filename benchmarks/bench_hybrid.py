@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from result_folder import dated_folder
-from servers import RSS_SETTLE_S, RunningServer, ServerCommand, combine_launches, run_bench
+from servers import RunningServer, ServerCommand, bench_running, combine_launches
 from setup_peers import Peers, write_ggufs
 
-from qwen_serve.bench.machine import describe_machine, machine_header, source_commit
+from qwen_serve.bench.machine import describe_machine, machine_header
 from qwen_serve.cache_dir import cache_dir
 from qwen_serve.conformance.models import QWEN3_5_0_8B, QWEN3_5_0_8B_LINEAR, make_qwen3_5_checkpoint
 
@@ -92,14 +92,8 @@ def measure(name: str, peers: Peers, model: Path, ggufs: dict[str, Path], tokeni
         with RunningServer(server_command(name, peers, model, ggufs, n)) as server:
             startup = startup or round(server.startup_s, 1)
             for bench_args in runs:
-                path = run_bench(name, server.url, raw, f"{name}.{len(paths)}",
-                                 [*COMMON, "--tokenizer", str(tokenizer), *bench_args],
-                                 f"{source_commit()}; {' '.join(server.argv)}")
-                time.sleep(RSS_SETTLE_S)
-                document = json.loads(path.read_text())
-                document["endpoints"][0]["resident_mib_after"] = round(server.resident_mib(), 1)
-                path.write_text(json.dumps(document, indent=1) + "\n")
-                paths.append(path)
+                paths.append(bench_running(server, raw, f"{name}.{len(paths)}",
+                                           [*COMMON, "--tokenizer", str(tokenizer), *bench_args]))
     with RunningServer(server_command(name, peers, model, ggufs, 1)) as server:
         shared = shared_prefix_ttft(server.url, tokenizer)
     out = combine_launches(paths, raw / f"{name}.json")

@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 from result_folder import dated_folder
-from servers import RSS_SETTLE_S, RunningServer, ServerCommand, combine_launches, run_bench
+from servers import RunningServer, ServerCommand, bench_running, combine_launches
 from setup_peers import Peers
 
-from qwen_serve.bench.machine import describe_machine, machine_header, source_commit
+from qwen_serve.bench.machine import describe_machine, machine_header
 from qwen_serve.cache_dir import cache_dir
 from qwen_serve.conformance.gguf_writer import write_random_gguf
 from qwen_serve.conformance.models import QWEN3_CHAT_TEMPLATE
@@ -93,12 +93,9 @@ def measure(name: str, peers: Peers, gguf: Path, tokenizer: Path, raw: Path) -> 
         with RunningServer(server_command(name, peers, gguf, slots)) as server:
             notes.setdefault("startup_s", round(server.startup_s, 1))
             for bench_args in runs:
-                path = run_bench(name, server.url, raw, f"{name}.{len(paths)}",
-                                 [*COMMON, "--tokenizer", str(tokenizer), *bench_args],
-                                 f"{source_commit()}; {' '.join(server.argv)}")
-                time.sleep(RSS_SETTLE_S)
+                path = bench_running(server, raw, f"{name}.{len(paths)}",
+                                     [*COMMON, "--tokenizer", str(tokenizer), *bench_args])
                 document = json.loads(path.read_text())
-                document["endpoints"][0]["resident_mib_after"] = round(server.resident_mib(), 1)
                 document["endpoints"][0]["peak_resident_mib"] = round(peak_resident_mib(server), 1)
                 path.write_text(json.dumps(document, indent=1) + "\n")
                 paths.append(path)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from qwen_serve.bench.launcher import LaunchedServer
+from qwen_serve.bench.machine import source_commit
 
 REPO = Path(__file__).resolve().parent.parent
 # Idle seconds after a load before a server's RSS is read (qwen-serve trims its heap after 1 s idle).
@@ -89,6 +91,17 @@ def _process_tree(root: int) -> list[int]:
 def run_bench(name: str, url: str, out_dir: Path, stem: str, args: Sequence[str], note: str) -> Path:
     """`qwen-serve bench` against one endpoint; returns the JSON it wrote."""
     return run_bench_in_turns([(name, url, note)], out_dir, stem, args)
+
+
+def bench_running(server: "RunningServer", raw: Path, stem: str, args: Sequence[str]) -> Path:
+    """run_bench against a started server, noted with the source commit and the server's command,
+    then (after RSS_SETTLE_S) what the server holds resident, in the endpoint's record."""
+    path = run_bench(server.name, server.url, raw, stem, args, f"{source_commit()}; {' '.join(server.argv)}")
+    time.sleep(RSS_SETTLE_S)
+    document = json.loads(path.read_text())
+    document["endpoints"][0]["resident_mib_after"] = round(server.resident_mib(), 1)
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    return path
 
 
 def run_bench_in_turns(endpoints: Sequence[tuple[str, str, str]], out_dir: Path, stem: str,

@@ -5,12 +5,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from qwen_serve import LLM
 from qwen_serve.config import EngineConfig
 from qwen_serve.models.config import ModelConfig
 from qwen_serve.registry import Registry
 
-from .requirements import CONFORMANCE_WINDOW, engine_options_for
+from .requirements import CONFORMANCE_WINDOW, cannot_serve, engine_options_for
 
 # A tiny geometry to build a cache on before any model is loaded, to read what it implements.
 PROBE_GEOMETRY = ModelConfig(architecture="Qwen3ForCausalLM", vocab_size=1000, hidden_size=64, intermediate_size=128,
@@ -68,6 +70,14 @@ def probe_cache(registry: Registry, backend: str, kv_cache: str) -> Any:
     storage = registry.create_kv_storage(kv_cache, compute, PROBE_GEOMETRY, "float32", config.block_size,
                                          config.slab_blocks, config.kv_blocks)
     return registry.kv_cache_factory(kv_cache)(storage, config)
+
+
+def skip_unservable(registry: Registry, implementation: Implementation, model: str) -> None:
+    """Skip, with the reason, a check on a model the pair cannot serve (requirements.cannot_serve)."""
+    reason = cannot_serve(registry.backend(implementation.backend),
+                          probe_cache(registry, implementation.backend, implementation.kv_cache), model)
+    if reason:
+        pytest.skip(reason)
 
 
 class EngineCache:

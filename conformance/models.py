@@ -9,7 +9,7 @@ from pathlib import Path
 
 from qwen_serve.checkpoints.default_model import default_model_path
 
-from .qwen_tokenizer import qwen_tokenizer_json_path
+from .qwen_tokenizer import ADDED_TOKENS, FIRST_ADDED_ID, qwen_tokenizer_json_path
 
 # Qwen3's own chat template (thinking switch, tools, tool calls and tool responses), as shipped in
 # Qwen/Qwen3-0.6B's tokenizer_config.json. Source: llama.cpp's copy of it,
@@ -65,7 +65,10 @@ def make_random_checkpoint(directory: Path, model_type: str, geometry: Qwen3Geom
     chat template; returns the directory.
 
     init_std 0.2 (not the 0.02 of training init) gives peaked, varied logits, so greedy
-    comparisons test real token choices instead of one token repeated."""
+    comparisons test real token choices instead of one token repeated. Where the vocabulary is
+    wider than the tokenizer (Qwen pads it to a round size), the head's rows past the tokenizer are
+    zero, as good as never picked, as a trained model's are: random ones would pick ids the
+    tokenizer cannot spell, and a stream would carry empty text."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -78,6 +81,8 @@ def make_random_checkpoint(directory: Path, model_type: str, geometry: Qwen3Geom
                                   torch_dtype=dtype, **config_fields)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(getattr(torch, dtype)).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight[FIRST_ADDED_ID + len(ADDED_TOKENS):] = 0
     model.save_pretrained(directory, safe_serialization=True)
     (directory / "tokenizer.json").write_bytes(qwen_tokenizer_json_path().read_bytes())
     (directory / "tokenizer_config.json").write_text(json.dumps({
@@ -160,6 +165,11 @@ class LinearAttentionGeometry:
 
 
 QWEN3_5_TINY = Qwen3Geometry(num_hidden_layers=4, head_dim=32)  # rotary over a quarter of 32 dimensions
+# Big enough that a 200-token prefill costs clearly more than a step's fixed overhead (check 4's TTFT)
+QWEN3_5_SMALL = Qwen3Geometry(num_hidden_layers=8, hidden_size=512, intermediate_size=1536, num_attention_heads=8,
+                              num_key_value_heads=2, head_dim=64)
+QWEN3_5_SMALL_LINEAR = LinearAttentionGeometry(linear_num_key_heads=4, linear_num_value_heads=8,
+                                               linear_key_head_dim=64, linear_value_head_dim=64)
 
 # Qwen/Qwen3.5-0.8B's text_config: 24 layers (linear attention 3 of 4), hidden 1024, 8 q / 2 kv
 # heads x 256, 16 key and 16 value heads x 128 in the linear layers, vocabulary 248,320, tied.

@@ -122,6 +122,24 @@ def random_qwen3_moe_windowed(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def random_qwen3_5(tmp_path_factory) -> str:
+    """A random Qwen3.5 (Gated DeltaNet layers three to one with gated attention): prefix hits
+    go through state snapshots, and every sequence holds a recurrent state beside its blocks."""
+    from .models import QWEN3_5_TINY, make_qwen3_5_checkpoint
+
+    return str(make_qwen3_5_checkpoint(tmp_path_factory.mktemp("conformance-qwen3.5"), QWEN3_5_TINY, seed=11))
+
+
+@pytest.fixture(scope="session")
+def random_qwen3_5_small(tmp_path_factory) -> str:
+    """A random Qwen3.5 whose 200-token prefill takes longer than a step's fixed costs (check 4)."""
+    from .models import QWEN3_5_SMALL, QWEN3_5_SMALL_LINEAR, make_qwen3_5_checkpoint
+
+    return str(make_qwen3_5_checkpoint(tmp_path_factory.mktemp("conformance-qwen3.5-small"), QWEN3_5_SMALL,
+                                       QWEN3_5_SMALL_LINEAR, seed=11, init_std=0.05))
+
+
+@pytest.fixture(scope="session")
 def speculation_qwen3(tmp_path_factory) -> str:
     """A 4-token random Qwen3 whose next-token distributions check 7 computes exactly."""
     from .speculation import write_model

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qwen_serve.protocols import LossyKV, PrefixCaching, ReservesAhead, SlidingWindow
+from qwen_serve.protocols import HoldsRecurrentState, LossyKV, PrefixCaching, ReservesAhead, SlidingWindow
 
 # A sliding-window cache runs every check with this window (tokens): shorter than check 2's long
 # prompts (> 128 tokens), so the window binds there and in a decode past it.
@@ -65,6 +65,25 @@ def no_windowed_reference(cache: Any, model: str) -> str | None:
     if isinstance(cache, SlidingWindow) and model == "smollm2":
         return (f"{type(cache).__name__} attends over the last {cache.window} positions only (SlidingWindow); "
                 f"transformers' Llama has no sliding-window attention to compare SmolLM2 with")
+    return None
+
+
+def is_hybrid(model: str) -> bool:
+    """The suite's hybrid checkpoints (linear attention beside attention) by fixture name."""
+    return model.startswith("random_qwen3_5")
+
+
+def cannot_serve(backend: Any, cache: Any, model: str) -> str | None:
+    """A hybrid model needs a backend that holds recurrent states (HoldsRecurrentState) and a
+    cache that keeps every position: its linear-attention state holds the whole prefix, and its
+    attention layers have no windowed form."""
+    if not is_hybrid(model):
+        return None
+    if not isinstance(backend, HoldsRecurrentState):
+        return f"backend {backend.name!r} does not run linear-attention layers (no HoldsRecurrentState)"
+    if isinstance(cache, SlidingWindow):
+        return (f"{type(cache).__name__} keeps only a window (SlidingWindow), and a hybrid model's "
+                f"linear-attention state holds the whole prefix")
     return None
 
 

@@ -7,6 +7,7 @@ import pytest
 from qwen_serve import SamplingParams
 
 from .http_client import chat, running_server
+from .implementations import skip_unservable
 from .prompts import CHAT_PROMPTS
 from .requirements import amplifies_batch_variance
 
@@ -14,8 +15,9 @@ pytestmark = pytest.mark.conformance_check(1)
 PARAMS = dict(temperature=0.9, top_p=0.95, top_k=50, max_tokens=24)
 
 
-@pytest.mark.parametrize("model_fixture", ["smollm2", "random_qwen3_moe"])
-def test_same_seed_same_text_different_seed_differs(implementation, engines, request, model_fixture, figure):
+@pytest.mark.parametrize("model_fixture", ["smollm2", "random_qwen3_moe", "random_qwen3_5"])
+def test_same_seed_same_text_different_seed_differs(implementation, engines, registry, request, model_fixture, figure):
+    skip_unservable(registry, implementation, model_fixture)
     llm = engines.get(implementation, request.getfixturevalue(model_fixture))
     prompt = llm.tokenizer.encode_chat([{"role": "user", "content": "Tell me a story about a brave mouse."}])
     runs = [llm.generate([prompt], SamplingParams(seed=seed, **PARAMS))[0].text for seed in (1, 1, 2, 3)]

@@ -1,5 +1,5 @@
 """Check 2: greedy output equals transformers token for token, on real SmolLM2 weights and
-random Qwen3 and Qwen3-MoE checkpoints, including prompts longer than a prefill chunk and prefix-cache hits.
+random Qwen3, Qwen3-MoE and Qwen3.5 (hybrid) checkpoints, including prompts longer than a prefill chunk and prefix-cache hits.
 
 What a cache declares changes the reference, never the bar (conformance.requirements):
 a LossyKV cache is compared with the exact cache it approximates by logits (top-1 agreement and
@@ -13,7 +13,7 @@ import pytest
 
 from qwen_serve import SamplingParams
 
-from .implementations import Implementation, probe_cache
+from .implementations import Implementation, probe_cache, skip_unservable
 from .kv_agreement import MAX_DELTA_OF_SPREAD, MIN_TOP1, logit_agreement
 from .prompts import CHAT_PROMPTS, SYSTEM_PROMPT
 from .reference import hf_greedy
@@ -38,8 +38,9 @@ def conversations():
     ]
 
 
-@pytest.mark.parametrize("model_fixture", ["smollm2", "random_qwen3", "random_qwen3_moe"])
+@pytest.mark.parametrize("model_fixture", ["smollm2", "random_qwen3", "random_qwen3_moe", "random_qwen3_5"])
 def test_greedy_matches_transformers(implementation, engines, registry, request, model_fixture, figure):
+    skip_unservable(registry, implementation, model_fixture)
     cache = probe_cache(registry, implementation.backend, implementation.kv_cache)
     reason = no_windowed_reference(cache, model_fixture)
     if reason:

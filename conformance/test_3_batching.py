@@ -8,6 +8,7 @@ import pytest
 from qwen_serve import SamplingParams
 
 from .harness import timed
+from .implementations import skip_unservable
 from .prompts import CHAT_PROMPTS
 from .requirements import computes_serially
 
@@ -15,8 +16,9 @@ pytestmark = pytest.mark.conformance_check(3)
 MIN_SPEEDUP = 1.5
 
 
-@pytest.mark.parametrize("model_fixture", ["smollm2", "random_qwen3_moe"])
+@pytest.mark.parametrize("model_fixture", ["smollm2", "random_qwen3_moe", "random_qwen3_5"])
 def test_eight_concurrent_requests_beat_one_at_a_time(implementation, engines, registry, request, model_fixture, figure):
+    skip_unservable(registry, implementation, model_fixture)
     llm = engines.get(implementation, request.getfixturevalue(model_fixture))
     prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in CHAT_PROMPTS[:8]]
     params = SamplingParams(max_tokens=48, ignore_eos=True, temperature=0.0)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qwen_serve.kv.hybrid import ForkingHybridCache, HybridCache
+from qwen_serve.kv.hybrid import HybridCache
 from qwen_serve.kv.naive import NaiveKVCache
 from qwen_serve.kv.paged import PagedKVCache
 from qwen_serve.protocols import KVCache
@@ -44,7 +44,7 @@ class PagedDecode:
 
 
 def reads_in_place(cache: KVCache, kernels: Kernels | None) -> bool:
-    if type(cache) in (HybridCache, ForkingHybridCache):
+    if isinstance(cache, HybridCache):  # the attention layers' KV is the wrapped cache's
         cache = cache.kv
     if kernels is None or kernels.isa != "avx512" or type(cache) not in IN_PLACE_CACHES:
         return False

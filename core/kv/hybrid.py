@@ -7,7 +7,7 @@ aborting or preemption: recomputation starts again from position 0, from zeros).
 sequence gets a copy of its parent's state, since a state changes with every step and cannot be
 shared the way a full KV block is.
 
-Prefix caching (when the wrapped cache has it): a state holds a whole prefix, so a hit needs the
+Prefix caching (PrefixCachingHybridCache, when the wrapped cache has it): a state holds a whole prefix, so a hit needs the
 state at the hit's last position. The executor copies the state at every block boundary inside a
 prefill chunk into a snapshot slot (``snapshot_slots``); publishing the sequence's blocks files
 each snapshot under the chained hash of the block ending there, so a later prompt's hit backs off
@@ -44,10 +44,6 @@ class HybridCache:
     def storage(self) -> Any:
         """The wrapped cache's KV storage (the executor may read it in place, as the wrapped cache's)."""
         return self.kv.storage
-
-    @property
-    def caches_prefixes(self) -> bool:
-        return isinstance(self.kv, PrefixCaching) and self.snapshot_capacity > 0
 
     def usage(self) -> KVUsage:
         usage = self.kv.usage()
@@ -92,8 +88,9 @@ class HybridCache:
 
     def snapshot_slots(self, seq_id: int, start: int, stop: int) -> list[tuple[int, int]]:
         """(position, slot) for each block boundary in (start, stop] that gets a snapshot: the
-        executor copies the sequence's state after that many tokens into the slot."""
-        if not self.caches_prefixes:
+        executor copies the sequence's state after that many tokens into the slot (none where
+        prefixes are not cached: no snapshot slots)."""
+        if not self.snapshot_capacity:
             return []
         taken = []
         first = -(-(start + 1) // self.block_size) * self.block_size
@@ -104,51 +101,6 @@ class HybridCache:
             self._pending.setdefault(seq_id, {})[position] = slot
             taken.append((position, slot))
         return taken
-
-    # --- prefix caching -----------------------------------------------------------------
-    def match_prefix(self, seq_id: int, token_ids: Sequence[int]) -> int:
-        """The wrapped cache's hit, backed off to the deepest block boundary with a snapshot; the
-        snapshot becomes the sequence's live state."""
-        if not self.caches_prefixes:
-            return 0
-        hashes = chain_hashes(token_ids, self.block_size, (len(token_ids) - 1) // self.block_size)
-        blocks = next((i + 1 for i in range(len(hashes) - 1, -1, -1) if hashes[i] in self._snapshots), 0)
-        while blocks:
-            hit = self.kv.match_prefix(seq_id, token_ids[:blocks * self.block_size + 1])
-            if hit == blocks * self.block_size:
-                break
-            self.kv.free(seq_id)  # some of its blocks were evicted: back off below them
-            blocks = next((i + 1 for i in range(hit // self.block_size - 1, -1, -1) if hashes[i] in self._snapshots), 0)
-        if not blocks:
-            return 0
-        if seq_id not in self._live and not self._take_live(seq_id):
-            self.kv.free(seq_id)
-            return 0
-        snapshot = self._snapshots[hashes[blocks - 1]]
-        self._snapshots.move_to_end(hashes[blocks - 1])
-        self.state_storage.copy_slot(snapshot, self._live[seq_id])
-        self._chains[seq_id] = hashes[:blocks]
-        self.state_hit_tokens += blocks * self.block_size
-        return blocks * self.block_size
-
-    def publish(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
-        if isinstance(self.kv, PrefixCaching):
-            self.kv.publish(seq_id, token_ids, num_computed)
-        pending = self._pending.get(seq_id)
-        if not pending:
-            return
-        chain = self._chains.setdefault(seq_id, [])
-        full = num_computed // self.block_size
-        if full > len(chain):
-            chain += chain_hashes(token_ids, self.block_size, full - len(chain), chain[-1] if chain else ROOT_HASH,
-                                  first_block=len(chain))
-        for position in [p for p in pending if p <= num_computed]:
-            slot, block_hash = pending.pop(position), chain[position // self.block_size - 1]
-            if block_hash in self._snapshots:  # another sequence computed the same prefix first
-                self._release(slot)
-                self._snapshots.move_to_end(block_hash)
-            else:
-                self._snapshots[block_hash] = slot
 
     # --- slots --------------------------------------------------------------------------
     def _take_live(self, seq_id: int) -> bool:
@@ -195,9 +147,65 @@ class ForkingHybridCache(HybridCache):
         self._chains[child_id] = list(self._chains.get(parent_id, ()))
 
 
+class PrefixCachingHybridCache(HybridCache):
+    """A HybridCache over a cache that shares prefixes, with snapshot slots: a hit goes only as
+    deep as a snapshot of the state."""
+
+    kv: PrefixCaching
+
+    def match_prefix(self, seq_id: int, token_ids: Sequence[int]) -> int:
+        """The wrapped cache's hit, backed off to the deepest block boundary with a snapshot; the
+        snapshot becomes the sequence's live state."""
+        hashes = chain_hashes(token_ids, self.block_size, (len(token_ids) - 1) // self.block_size)
+        blocks = next((i + 1 for i in range(len(hashes) - 1, -1, -1) if hashes[i] in self._snapshots), 0)
+        while blocks:
+            hit = self.kv.match_prefix(seq_id, token_ids[:blocks * self.block_size + 1])
+            if hit == blocks * self.block_size:
+                break
+            self.kv.free(seq_id)  # some of its blocks were evicted: back off below them
+            blocks = next((i + 1 for i in range(hit // self.block_size - 1, -1, -1) if hashes[i] in self._snapshots), 0)
+        if not blocks:
+            return 0
+        if seq_id not in self._live and not self._take_live(seq_id):
+            self.kv.free(seq_id)
+            return 0
+        snapshot = self._snapshots[hashes[blocks - 1]]
+        self._snapshots.move_to_end(hashes[blocks - 1])
+        self.state_storage.copy_slot(snapshot, self._live[seq_id])
+        self._chains[seq_id] = hashes[:blocks]
+        self.state_hit_tokens += blocks * self.block_size
+        return blocks * self.block_size
+
+    def publish(self, seq_id: int, token_ids: Sequence[int], num_computed: int) -> None:
+        self.kv.publish(seq_id, token_ids, num_computed)
+        pending = self._pending.get(seq_id)
+        if not pending:
+            return
+        chain = self._chains.setdefault(seq_id, [])
+        full = num_computed // self.block_size
+        if full > len(chain):
+            chain += chain_hashes(token_ids, self.block_size, full - len(chain), chain[-1] if chain else ROOT_HASH,
+                                  first_block=len(chain))
+        for position in [p for p in pending if p <= num_computed]:
+            slot, block_hash = pending.pop(position), chain[position // self.block_size - 1]
+            if block_hash in self._snapshots:  # another sequence computed the same prefix first
+                self._release(slot)
+                self._snapshots.move_to_end(block_hash)
+            else:
+                self._snapshots[block_hash] = slot
+
+
+class ForkingPrefixCachingHybridCache(PrefixCachingHybridCache, ForkingHybridCache):
+    """Both: over the paged cache, the default."""
+
+
 def with_recurrent_state(kv: KVCache, state_storage: StateStorage, live_slots: int,
                          snapshot_slots: int = 0) -> HybridCache:
-    """kv wrapped to hold live_slots sequences' recurrent states, and up to snapshot_slots states
-    at block boundaries for prefix caching."""
-    return (ForkingHybridCache if isinstance(kv, Forking) else HybridCache)(kv, state_storage, live_slots,
-                                                                           snapshot_slots)
+    """kv wrapped to hold live_slots sequences' recurrent states, and (if kv shares prefixes and
+    snapshot_slots > 0) up to snapshot_slots states at block boundaries for prefix caching. The
+    wrapper implements Forking and PrefixCaching only where it offers them, so the engine, the
+    memory plan and the conformance checks read what it does from its type."""
+    caching = isinstance(kv, PrefixCaching) and snapshot_slots > 0
+    kind = {(False, False): HybridCache, (True, False): ForkingHybridCache, (False, True): PrefixCachingHybridCache,
+            (True, True): ForkingPrefixCachingHybridCache}[isinstance(kv, Forking), caching]
+    return kind(kv, state_storage, live_slots, snapshot_slots if caching else 0)

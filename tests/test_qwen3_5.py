@@ -1,8 +1,8 @@
-"""Qwen3.5, Qwen3.5-MoE and Qwen3-Next (Gated DeltaNet hybrids) on torch: greedy output equals
-transformers token for token on tiny random checkpoints transformers wrote (text-only and
+"""Qwen3.5, Qwen3.5-MoE and Qwen3-Next (Gated DeltaNet hybrids) on torch and MLX: greedy output
+equals transformers token for token on tiny random checkpoints transformers wrote (text-only and
 multimodal layouts, experts with a shared one, Next's grouped projections), through chunked
-prefill longer than a prefill chunk and a delta-rule block, mixed-length batches, preemption and
-recomputation, and n=2 forks; the two forms of the delta rule agree with transformers' float
+prefill longer than a prefill chunk and a delta-rule block, mixed-length batches, prefix-cache
+hits, preemption and recomputation, and n=2 forks; the two forms of the delta rule agree with transformers' float
 reference; every recurrent-state slot comes back."""
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from qwen_serve import LLM, SamplingParams
 from qwen_serve.backends.torch_cpu import delta_rule
 from qwen_serve.conformance.models import LinearAttentionGeometry, MoeRouting, make_qwen3_5_checkpoint
 from qwen_serve.conformance.reference import hf_greedy
-from qwen_serve.errors import ModelLoadError
 from qwen_serve.models.layers import Attention, DenseMLP, GatedDeltaNet, SparseMoE
 
 NEW_TOKENS = 12
@@ -116,9 +115,18 @@ def test_abort_returns_the_state_slot(checkpoint):
     assert usage.states_used == usage.state_snapshots and usage.used == usage.cached
 
 
-def test_the_mlx_backend_says_it_cannot_run_linear_attention(checkpoint):
-    with pytest.raises(ModelLoadError, match="mlx backend does not run linear-attention layers"):
-        LLM(str(checkpoint), backend="mlx")
+def test_greedy_on_mlx_equals_transformers(checkpoint):
+    """Twice: the second time every prompt longer than a block hits the prefix cache, through a
+    state snapshot the MLX layer wrote."""
+    llm = LLM(str(checkpoint), backend="mlx", chunk_size=32)
+    batch = prompts(llm)
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    for _ in range(2):
+        outs = llm.generate(batch, params)
+        for prompt, out in zip(batch, outs):
+            assert out.token_ids == reference(checkpoint, tuple(prompt))
+    usage = llm.parts.cache.usage()
+    assert usage.prefix_hit_blocks > 0 and usage.states_used == usage.state_snapshots
 
 
 def test_a_sliding_window_cache_is_refused(checkpoint):

@@ -22,6 +22,7 @@ from .linear import DenseLinear, QuantizedLinear
 from .model import DecoderModel
 from .mx import BLAS, mx
 from .sampler import MLXSampler
+from .state_storage import MLXStateStorage
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -60,6 +61,10 @@ class MLXBackend:
     ) -> MLXKVStorage:
         return MLXKVStorage(config.kv_layers, config.num_kv_heads, config.head_dim, storage_dtype(dtype),
                             block_size, slab_blocks, max_blocks)
+
+    def create_state_storage(self, config: ModelConfig, max_slots: int) -> MLXStateStorage:
+        """HoldsRecurrentState: the linear-attention layers' states of up to max_slots sequences."""
+        return MLXStateStorage(config.linear_attention(), max_slots)
 
     def create_sampler(self) -> MLXSampler:
         return MLXSampler()

@@ -7,15 +7,15 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from qwen_serve.errors import ModelLoadError
 from qwen_serve.models.built_layer import BuiltLayer
 from qwen_serve.models.config import ModelConfig
 from qwen_serve.models.expert_groups import group_by_expert
-from qwen_serve.models.layers import Attention, DecoderLayer, DenseMLP, SparseMoE
+from qwen_serve.models.layers import Attention, DecoderLayer, DenseMLP, GatedDeltaNet, SparseMoE
 from qwen_serve.models.weights import TensorsByName
 from qwen_serve.protocols import KVCache
 
 from .attention import CachedAttention
+from .gated_deltanet import GatedDeltaNetLayer
 from .linear import Linear
 from .mx import mx
 from .step_layout import StepLayout
@@ -23,13 +23,14 @@ from .step_layout import StepLayout
 
 class LayerWeights:
     """One decoder layer's tensors under its prefix, projections made by the backend's linear
-    factory (float or quantized)."""
+    factory (float or quantized); RMSNorm scales as stored plus norm_offset (ModelConfig)."""
 
-    def __init__(self, tensors: TensorsByName, prefix: str, make_linear: Callable[..., Linear]) -> None:
-        self.tensors, self.prefix, self.make_linear = tensors, prefix, make_linear
+    def __init__(self, tensors: TensorsByName, prefix: str, make_linear: Callable[..., Linear],
+                 norm_offset: float = 0.0) -> None:
+        self.tensors, self.prefix, self.make_linear, self.norm_offset = tensors, prefix, make_linear, norm_offset
 
     def norm(self, name: str) -> mx.array:
-        return self.tensors.take(f"{self.prefix}.{name}").astype(mx.float32)
+        return self.tensors.take(f"{self.prefix}.{name}").astype(mx.float32) + self.norm_offset
 
     def linear(self, kind_prefix: str, projection: str, biased: bool) -> Linear:
         name = f"{self.prefix}.{kind_prefix}.{projection}"
@@ -54,7 +55,8 @@ class Projections:
 
 class AttentionLayer(Projections):
     """models.layers.Attention: q, k, v, per-head q/k RMSNorm when the kind has it, the rotary
-    step, attention over the cache, then o."""
+    step, attention over the cache, gated by sigmoid(output_gate_proj(x)) when the kind has it,
+    then o."""
 
     def __init__(self, kind: Attention, weights: LayerWeights) -> None:
         self.kind, self.prefix = kind, f"{weights.prefix}.{kind.prefix}"
@@ -76,8 +78,10 @@ class AttentionLayer(Projections):
             q = mx.fast.rms_norm(q, self.q_norm, c.rms_norm_eps)
             k = mx.fast.rms_norm(k, self.k_norm, c.rms_norm_eps)
         q, k = rope(q, step.positions, c), rope(k, step.positions, c)
-        out = attention(index, q, k, v, cache, step)
-        return self.o_proj(out.reshape(T, c.num_heads * c.head_dim))
+        out = attention(index, q, k, v, cache, step).reshape(T, c.num_heads * c.head_dim)
+        if self.kind.output_gate:
+            out = out * mx.sigmoid(self.output_gate_proj(x))
+        return self.o_proj(out)
 
 
 class DenseMLPLayer(Projections):
@@ -103,22 +107,29 @@ class SparseMoELayer:
     token picked once, on all of its tokens' rows together."""
 
     def __init__(self, kind: SparseMoE, weights: LayerWeights) -> None:
-        if kind.shared_expert_size:
-            raise ModelLoadError("the mlx backend does not implement a shared expert yet")
         self.kind = kind
         self.router = weights.tensors.take_router(weights.prefix, kind).astype(mx.float32)
         self.experts = [DenseMLPLayer(DenseMLP(), weights, f"{kind.prefix}.{kind.expert(e)}")
                         for e in range(kind.num_experts)]
+        self.shared, self.shared_gate = None, None
+        if kind.shared_expert_size:  # runs on every token, scaled by sigmoid(shared_expert_gate(x))
+            self.shared = DenseMLPLayer(DenseMLP(), weights, f"{kind.prefix}.{kind.shared}")
+            self.shared_gate = weights.tensors.take(f"{weights.prefix}.{kind.prefix}.{kind.shared_gate}.weight"
+                                                    ).astype(mx.float32)
+
+    def _all_experts(self) -> list[DenseMLPLayer]:
+        return self.experts + ([self.shared] if self.shared is not None else [])
 
     def linears(self) -> list[Linear]:
-        return [linear for expert in self.experts for linear in expert.linears()]
+        return [linear for expert in self._all_experts() for linear in expert.linears()]
 
     def projections(self) -> Iterator[tuple[str, object, str]]:
-        for expert in self.experts:
+        for expert in self._all_experts():
             yield from expert.projections()
 
     def norms(self) -> list[mx.array]:
-        return [self.router]  # the float tensors beside the linears, as weight_bytes counts them
+        """The float tensors beside the linears, as weight_bytes counts them."""
+        return [self.router] + ([self.shared_gate] if self.shared_gate is not None else [])
 
     def __call__(self, x: mx.array) -> mx.array:
         probs = mx.softmax(x.astype(mx.float32) @ self.router.T, axis=-1)
@@ -126,7 +137,10 @@ class SparseMoELayer:
         weights = mx.take_along_axis(probs, chosen, axis=-1)
         if self.kind.normalize_top_k:
             weights = weights / weights.sum(axis=-1, keepdims=True)
-        return run_experts_grouped(self.experts, x, weights, np.array(chosen))
+        out = run_experts_grouped(self.experts, x, weights, np.array(chosen))
+        if self.shared is not None:
+            out = out + (mx.sigmoid(x.astype(mx.float32) @ self.shared_gate.T) * self.shared(x)).astype(out.dtype)
+        return out
 
 
 def run_experts_grouped(experts: list, x: mx.array, weights: mx.array, chosen: np.ndarray) -> mx.array:
@@ -140,7 +154,8 @@ def run_experts_grouped(experts: list, x: mx.array, weights: mx.array, chosen: n
     return out
 
 
-IMPLEMENTED = {Attention: AttentionLayer, DenseMLP: DenseMLPLayer, SparseMoE: SparseMoELayer}
+IMPLEMENTED = {Attention: AttentionLayer, DenseMLP: DenseMLPLayer, SparseMoE: SparseMoELayer,
+               GatedDeltaNet: GatedDeltaNetLayer}
 
 
 def build_layer(description: DecoderLayer, weights: LayerWeights) -> BuiltLayer:
@@ -150,6 +165,7 @@ def build_layer(description: DecoderLayer, weights: LayerWeights) -> BuiltLayer:
 def rope(x: mx.array, positions: mx.array, config: ModelConfig) -> mx.array:
     # Each token is its own batch entry of length 1, so one offset per token places it.
     # traditional=False rotates the two halves of each head, as transformers does.
-    rotated = mx.fast.rope(x[:, :, None, :], config.head_dim, traditional=False,
+    # Only the first rotary_dims dimensions of each head turn (partial rotary, Qwen3.5).
+    rotated = mx.fast.rope(x[:, :, None, :], config.rotary_dims, traditional=False,
                            base=config.rope_theta, scale=1.0, offset=positions)
     return rotated[:, :, 0, :]

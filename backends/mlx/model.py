@@ -10,7 +10,7 @@ from qwen_serve.errors import ModelLoadError
 from qwen_serve.models.built_layer import skipped_expert_bytes
 from qwen_serve.models.config import ModelConfig
 from qwen_serve.models.weights import EMBEDDING, FINAL_NORM, TensorsByName, language_model_head, layer_prefix
-from qwen_serve.protocols import KVCache, SlidingWindow, StepBatch
+from qwen_serve.protocols import KVCache, RecurrentState, SlidingWindow, StepBatch
 
 from .attention import CachedAttention
 from .decoder_layer import LayerWeights, build_layer
@@ -27,9 +27,9 @@ class DecoderModel:
         if len(c.layers) != c.num_layers:
             raise ModelLoadError(f"{c.architecture}: no layer description to build {c.num_layers} layers from")
         tensors = TensorsByName(weights)
-        self.layers = [build_layer(description, LayerWeights(tensors, layer_prefix(i), make_linear))
+        self.layers = [build_layer(description, LayerWeights(tensors, layer_prefix(i), make_linear, c.norm_offset))
                        for i, description in enumerate(c.layers)]
-        self.norm = tensors.take(FINAL_NORM).astype(mx.float32)
+        self.norm = tensors.take(FINAL_NORM).astype(mx.float32) + c.norm_offset
         # The embedding is a weight of the same shape as the head, built the same way (as int8
         # under quant "int4"): with tied embeddings the lookup and the head read one array.
         self.embedding = make_linear(tensors.take(EMBEDDING), None)
@@ -77,10 +77,12 @@ class DecoderModel:
     def _final_hidden(self, batch: StepBatch, cache: KVCache) -> mx.array:
         """The final norm's output at the sampled positions."""
         sliding = cache if isinstance(cache, SlidingWindow) else None
-        step = build_layout(batch, cache.block_size, cache.block_table, sliding)
+        recurrent = cache if isinstance(cache, RecurrentState) else None
+        step = build_layout(batch, cache.block_size, cache.block_table, sliding, recurrent)
         eps = self.config.rms_norm_eps
         hidden = self.embedding.rows(step.token_ids)
-        for index, layer in enumerate(self.layers):
+        # each mixer addresses its own kind's layers: KV for attention, states for linear attention
+        for index, layer in zip(self.config.mixer_indices(), self.layers):
             x = mx.fast.rms_norm(hidden, layer.input_norm, eps)
             hidden = hidden + layer.mixer(index, x, cache, step, self.config, self.attention)
             hidden = hidden + layer.mlp(mx.fast.rms_norm(hidden, layer.post_norm, eps))

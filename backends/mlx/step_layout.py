@@ -6,7 +6,8 @@ outputs (one call for all single-token chunks, one per prefill chunk) simply con
 ``sample_rows`` puts the logits back in the engine's chunk order. Every history a layer needs
 is gathered by one read of ``read_slots``: the padded decode histories, then each prefill's.
 A SlidingWindow cache holds only each sequence's last ``window`` positions: histories then start
-at the window (``cache.window_start``) and prefill masks exclude keys that left it.
+at the window (``cache.window_start``) and prefill masks exclude keys that left it. A cache that
+holds recurrent states (a hybrid model's) gives each chunk its slot (``states``).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from qwen_serve.kv.window import visible_keys
-from qwen_serve.protocols import ScheduledChunk, SlidingWindow, StepBatch
+from qwen_serve.protocols import RecurrentState, ScheduledChunk, SlidingWindow, StepBatch
 
 from .mx import mx
 
@@ -26,6 +27,16 @@ class PrefillSpan:
     rows: slice  # this chunk's queries among the step's rows
     keys: slice  # its history (positions first .. start + n - 1) within the step's one read
     mask: mx.array | None = None  # [n, len(history)] True = may attend; None = "causal"
+
+
+@dataclass(frozen=True)
+class ChunkState:
+    """Where one chunk of the step keeps its linear-attention state."""
+
+    rows: slice  # its rows in the layout's order
+    slot: int
+    fresh: bool  # it starts its sequence: the state starts at zeros, whatever the slot held
+    snapshots: tuple[tuple[int, int], ...]  # (rows in, slot): also leave the state after that many rows there
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,7 @@ class StepLayout:
     decode_mask: mx.array | None  # [B, 1, 1, decode_len], True = may attend; None if unpadded
     prefills: list[PrefillSpan]
     sample_rows: mx.array  # rows whose logits are wanted, in chunk order
+    states: list[ChunkState]  # every chunk's, in row order (empty unless the cache holds states)
 
 
 def slots_for(block_table: Sequence[int], block_size: int, stop: int, first: int = 0) -> np.ndarray:
@@ -51,7 +63,7 @@ def slots_for(block_table: Sequence[int], block_size: int, stop: int, first: int
 
 
 def build_layout(batch: StepBatch, block_size: int, block_table: Callable[[int], Sequence[int]],
-                 sliding: SlidingWindow | None = None) -> StepLayout:
+                 sliding: SlidingWindow | None = None, recurrent: RecurrentState | None = None) -> StepLayout:
     window = sliding.window if sliding is not None else None
     decodes = [c for c in batch.chunks if len(c.token_ids) == 1]
     prefills = [c for c in batch.chunks if len(c.token_ids) > 1]
@@ -62,8 +74,14 @@ def build_layout(batch: StepBatch, block_size: int, block_table: Callable[[int],
 
     end_row: dict[int, int] = {}
     row = 0
+    states = []
     for chunk in ordered:
-        row += len(chunk.token_ids)
+        n = len(chunk.token_ids)
+        if recurrent is not None:
+            snapshots = () if n == 1 else tuple(
+                (p - chunk.start, slot) for p, slot in recurrent.snapshot_slots(chunk.seq_id, chunk.start, chunk.start + n))
+            states.append(ChunkState(slice(row, row + n), recurrent.state_slot(chunk.seq_id), chunk.start == 0, snapshots))
+        row += n
         end_row[id(chunk)] = row
     # a chunk with drafts wants every draft position's logits too
     sample_rows = [r for c in batch.chunks if c.sample for r in range(end_row[id(c)] - 1 - c.num_draft, end_row[id(c)])]
@@ -101,6 +119,7 @@ def build_layout(batch: StepBatch, block_size: int, block_table: Callable[[int],
         decode_mask=mask,
         prefills=spans,
         sample_rows=_index(sample_rows),
+        states=states,
     )
 
 

@@ -39,13 +39,21 @@ def next_tensors(name: str, array: Any, config: ModelConfig) -> Iterator[tuple[s
         qkv, z, b, a = grouped_rows(config.layers[layer].mixer)
         prefix = name.rsplit(".", 2)[0]
         if name.endswith("qkvz.weight"):
-            yield f"{prefix}.in_proj_qkv.weight", array[qkv]
-            yield f"{prefix}.in_proj_z.weight", array[z]
+            yield f"{prefix}.in_proj_qkv.weight", take_rows(array, qkv)
+            yield f"{prefix}.in_proj_z.weight", take_rows(array, z)
         else:
-            yield f"{prefix}.in_proj_b.weight", array[b]
-            yield f"{prefix}.in_proj_a.weight", array[a]
+            yield f"{prefix}.in_proj_b.weight", take_rows(array, b)
+            yield f"{prefix}.in_proj_a.weight", take_rows(array, a)
         return
     yield from text_tensors(name, array, config)
+
+
+def take_rows(array: Any, rows: np.ndarray) -> Any:
+    """array[rows] for numpy and torch; an MLX array takes no numpy index, so it goes through numpy."""
+    try:
+        return array[rows]
+    except ValueError:
+        return type(array)(np.asarray(array)[rows])
 
 
 ARCHITECTURE = Architecture(hf_name="Qwen3NextForCausalLM", decoder_layer=decoder_layer, tensors=next_tensors,

@@ -1,7 +1,7 @@
-"""Qwen3.5-0.8B's geometry (24 layers, 18 Gated DeltaNet and 6 gated attention; conformance.models
-QWEN3_5_0_8B) with random weights, served by qwen-serve from the HF checkpoint and by llama.cpp's
-server from the same weights converted by its own converter (GGUF BF16, then Q4_0), one server at
-a time, each measured by `qwen-serve bench`: decode of 128 tokens after 64-token prompts at 1, 8
+"""Qwen3.5-0.8B's or -2B's geometry (24 layers, 18 Gated DeltaNet and 6 gated attention;
+conformance.models QWEN3_5_0_8B, QWEN3_5_2B) with random weights, served by qwen-serve from the
+HF checkpoint and by llama.cpp's server from the same weights converted by its own converter
+(GGUF BF16, then Q4_0), one server at a time, each measured by `qwen-serve bench`: decode of 128 tokens after 64-token prompts at 1, 8
 and 16 streams, a 512-token prefill, and one stream's decode speed (1 / time per output token)
 after 4k- and 16k-token prompts (a hybrid keeps 6 layers of KV, so its decode should stay nearly
 flat with context), and the time to first token of two requests sharing a 1,000-token system
@@ -10,6 +10,7 @@ prompt (the second should hit the prefix cache). Not run by CI.
     python benchmarks/setup_peers.py --only llama                     # once: llama.cpp's server
     flock /work/cpu.lock python benchmarks/bench_hybrid.py            # int4 / Q4_0 and bf16 / BF16
     flock /work/cpu.lock python benchmarks/bench_hybrid.py --only qwen-int4 --only llama-q4_0
+    flock /work/cpu.lock python benchmarks/bench_hybrid.py --size 2b
 """
 from __future__ import annotations
 
@@ -25,9 +26,16 @@ from setup_peers import Peers, write_ggufs
 
 from qwen_serve.bench.machine import describe_machine, machine_header
 from qwen_serve.cache_dir import cache_dir
-from qwen_serve.conformance.models import QWEN3_5_0_8B, QWEN3_5_0_8B_LINEAR, make_qwen3_5_checkpoint
+from qwen_serve.conformance.models import (
+    QWEN3_5_0_8B,
+    QWEN3_5_0_8B_LINEAR,
+    QWEN3_5_2B,
+    QWEN3_5_2B_LINEAR,
+    make_qwen3_5_checkpoint,
+)
 
 SERVERS = ("qwen-int4", "llama-q4_0", "qwen-bf16", "llama-bf16")
+SIZES = {"0.8b": (QWEN3_5_0_8B, QWEN3_5_0_8B_LINEAR), "2b": (QWEN3_5_2B, QWEN3_5_2B_LINEAR)}
 CONCURRENCY = (1, 8, 16)
 COMMON = ["--api", "completions", "--warmup", "1"]
 STAGES = [["--prompt-tokens", "64", "--output-tokens", "128", "--concurrency", str(c), "--repetitions", "3"]
@@ -39,10 +47,11 @@ THREADS = "2"
 SYSTEM_WORDS = 1000  # the shared system prompt, in words of the random model's tokenizer (~1 token each)
 
 
-def checkpoint(peers: Peers) -> Path:
-    path = peers.root / "qwen3.5-0.8b-random-bf16"
+def checkpoint(peers: Peers, size: str) -> Path:
+    path = peers.root / f"qwen3.5-{size}-random-bf16"
     if not (path / "config.json").exists():
-        make_qwen3_5_checkpoint(path, QWEN3_5_0_8B, QWEN3_5_0_8B_LINEAR, seed=3, dtype="bfloat16", init_std=0.05)
+        geometry, linear = SIZES[size]
+        make_qwen3_5_checkpoint(path, geometry, linear, seed=3, dtype="bfloat16", init_std=0.05)
     return path
 
 
@@ -109,8 +118,8 @@ def _num(value, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
-def summary(documents: dict[str, dict]) -> str:
-    lines = ["Qwen3.5-0.8B geometry, random weights (bf16, std 0.05); qwen-serve from the HF checkpoint, "
+def summary(documents: dict[str, dict], size: str) -> str:
+    lines = [f"Qwen3.5-{size.upper()} geometry, random weights (bf16, std 0.05); qwen-serve from the HF checkpoint, "
              "llama.cpp from its own conversion of it", "",
              "| server | decode 1 | decode 8 | decode 16 | prefill 512 tok/s | 1-stream decode after 4k | after 16k "
              "| TTFT 1,000-token system prompt: first / second s | RSS after MiB | start s |",
@@ -132,16 +141,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", action="append", choices=SERVERS, help="measure only these")
     parser.add_argument("--peers", type=Path, default=cache_dir("peers"))
-    parser.add_argument("--out", type=Path, default=None, help="folder (default results/DATE-hybrid-0.8b)")
+    parser.add_argument("--size", choices=SIZES, default="0.8b", help="the geometry (default 0.8b)")
+    parser.add_argument("--out", type=Path, default=None, help="folder (default results/DATE-hybrid-SIZE)")
     args = parser.parse_args(argv)
     peers = Peers(args.peers.expanduser().resolve())
-    folder = args.out or dated_folder("hybrid-0.8b")
+    folder = args.out or dated_folder(f"hybrid-{args.size}")
     header = machine_header(describe_machine(measure_bandwidth=True))
     print(header, flush=True)
-    model = checkpoint(peers)
+    model = checkpoint(peers, args.size)
     names = args.only or list(SERVERS)
-    ggufs = {"llama-bf16": peers.root / "qwen3.5-0.8b-random-bf16.gguf",
-             "llama-q4_0": peers.root / "qwen3.5-0.8b-random-q4_0.gguf"}
+    ggufs = {"llama-bf16": peers.root / f"qwen3.5-{args.size}-random-bf16.gguf",
+             "llama-q4_0": peers.root / f"qwen3.5-{args.size}-random-q4_0.gguf"}
     if any(n.startswith("llama") for n in names):
         if not peers.llama_bin("llama-server").exists():
             raise SystemExit("llama.cpp's server is not built: python benchmarks/setup_peers.py --only llama")
@@ -152,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                                      .read_text())
     for existing in (folder / "raw").glob("*.json"):  # servers measured by an earlier --only run
         documents.setdefault(existing.stem, json.loads(existing.read_text()))
-    report = header + "\n\n" + summary(documents)
+    report = header + "\n\n" + summary(documents, args.size)
     (folder / "hybrid.md").write_text(report + "\n")
     print(report)
     return 0

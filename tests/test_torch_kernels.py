@@ -416,13 +416,14 @@ def test_fused_layer_steps_match_their_torch_form(rows):
                                   sin[:1].expand(len(overlapping), 32).contiguous())
 
 
-@needs_avx512
+@needs_kernels
 @pytest.mark.parametrize("rows", [1, 3, 8, 11, 37])
 @pytest.mark.parametrize("width", [96, 2048])  # 2048: panels of 3 blocks, the last one short
 def test_float32_kernel_rows_depend_on_themselves_alone(rows, width):
-    """Every row count goes through the float32 kernel, each output one chain over k in order:
-    the same bits for a row whatever rows share the call (batch invariance), and a tied table's
-    rows back exactly."""
+    """Every row count goes through the float32 kernel (AVX-512's, or AVX2's on a CPU without
+    it), each output one chain over k in order: the same bits for a row whatever rows share the
+    call (batch invariance), and a tied table's rows back exactly. 301 outputs: the last block
+    is partly padding."""
     w = torch.randn(301, width, generator=torch.Generator().manual_seed(rows))
     head = DenseLinear(w.clone())
     head.as_head(KERNELS)

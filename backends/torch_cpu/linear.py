@@ -44,7 +44,8 @@ def compute_dtype(weight_dtype: torch.dtype) -> torch.dtype:
 
 
 def runs_f32_kernel(layer: "DenseLinear", kernels: Kernels | None) -> bool:
-    return layer.weight.dtype == torch.float32 and kernels is not None and kernels.isa == "avx512"
+    """The float32 kernel (AVX-512, or AVX2 without it) for every row count: batch invariance."""
+    return layer.weight.dtype == torch.float32 and kernels is not None and kernels.isa in ("avx512", "avx2")
 
 
 def runs_bf16_kernel(layer: "DenseLinear", kernels: Kernels | None) -> bool:
@@ -72,7 +73,7 @@ class DenseLinear:
         return cls(torch.cat([part.weight for part in parts]), stacked_bias(parts), parts[0].scratch)
 
     def prepack(self, kernels: Kernels | None = None) -> None:
-        """float32 on AVX-512: the float32 kernel's layout, for every row count. bf16: the layout
+        """float32 on AVX-512 or AVX2: the float32 kernel's layout, for every row count. bf16: the layout
         the plan names (without a plan: the blocked bf16 kernel's where ``kernels`` run it and
         there is no AMX, else oneDNN's), the plain weight dropped (so lookup() works
         only when blocked: not for a table an embedding shares). Leaves the layer as it was where
@@ -125,7 +126,9 @@ class DenseLinear:
             x2 = x2.float().contiguous()
             path = "kernel" if self.plan is None else self.plan.path(x2.shape[0])
             if self.blocked_f32:  # every row count: batch invariance
-                y = self.kernels.ops.f32b_matmul_avx512(x2, self.blocked, self.out_features)
+                f32_matmul = self.kernels.ops.f32b_matmul_avx512 if self.kernels.isa == "avx512" else \
+                    self.kernels.ops.f32b_matmul_avx2
+                y = f32_matmul(x2, self.blocked, self.out_features)
             elif path == "kernel":
                 y = self.kernels.ops.bf16b_matmul_avx512(x2, self.blocked, self.out_features, self.kernels.bf16)
             else:

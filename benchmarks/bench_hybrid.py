@@ -69,24 +69,26 @@ def server_command(name: str, peers: Peers, model: Path, ggufs: dict[str, Path],
 
 def shared_prefix_ttft(url: str, tokenizer: Path) -> dict[str, float]:
     """TTFT of two streamed completions sharing a ~1,000-token system prompt, one after the other."""
-    import httpx
+    import urllib.request
+
     import tokenizers
 
     vocabulary = tokenizers.Tokenizer.from_file(str(tokenizer))
     words = [w for w in vocabulary.get_vocab() if w.isalpha() and w.isascii() and len(w) > 3][:SYSTEM_WORDS]
     system = " ".join(words)
     ttft = {}
-    with httpx.Client(timeout=600) as client:
-        for key, question in (("first", " When do you open?"), ("second", " Can I print here?")):
-            started = time.perf_counter()
-            with client.stream("POST", f"{url}/v1/completions", json={
-                    "model": "m", "prompt": system + question, "max_tokens": 1, "stream": True,
-                    "temperature": 0}) as response:
-                for line in response.iter_lines():
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        ttft[key] = round(time.perf_counter() - started, 3)
-                        break
-            time.sleep(0.5)
+    for key, question in (("first", " When do you open?"), ("second", " Can I print here?")):
+        body = json.dumps({"model": "m", "prompt": system + question, "max_tokens": 1, "stream": True,
+                           "temperature": 0}).encode()
+        request = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        started = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=600) as response:
+            for raw in response:
+                line = raw.decode().strip()
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    ttft[key] = round(time.perf_counter() - started, 3)
+                    break
+        time.sleep(0.5)
     ttft["prompt_tokens"] = len(vocabulary.encode(system + " Can I print here?").ids)
     return ttft
 

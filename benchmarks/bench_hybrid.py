@@ -77,8 +77,10 @@ def shared_prefix_ttft(url: str, tokenizer: Path) -> dict[str, float]:
     words = [w for w in vocabulary.get_vocab() if w.isalpha() and w.isascii() and len(w) > 3][:SYSTEM_WORDS]
     system = " ".join(words)
     ttft = {}
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=60) as response:  # the name it serves under
+        served = json.loads(response.read())["data"][0]["id"]
     for key, question in (("first", " When do you open?"), ("second", " Can I print here?")):
-        body = json.dumps({"model": "m", "prompt": system + question, "max_tokens": 1, "stream": True,
+        body = json.dumps({"model": served, "prompt": system + question, "max_tokens": 1, "stream": True,
                            "temperature": 0}).encode()
         request = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
         started = time.perf_counter()

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from qwen_serve.kv.hybrid import chunk_snapshots
 from qwen_serve.kv.window import visible_keys
 from qwen_serve.protocols import RecurrentState, ScheduledChunk, SlidingWindow, StepBatch
 
@@ -78,9 +79,8 @@ def build_layout(batch: StepBatch, block_size: int, block_table: Callable[[int],
     for chunk in ordered:
         n = len(chunk.token_ids)
         if recurrent is not None:
-            snapshots = () if n == 1 else tuple(
-                (p - chunk.start, slot) for p, slot in recurrent.snapshot_slots(chunk.seq_id, chunk.start, chunk.start + n))
-            states.append(ChunkState(slice(row, row + n), recurrent.state_slot(chunk.seq_id), chunk.start == 0, snapshots))
+            states.append(ChunkState(slice(row, row + n), recurrent.state_slot(chunk.seq_id), chunk.start == 0,
+                                     tuple(chunk_snapshots(recurrent, chunk))))
         row += n
         end_row[id(chunk)] = row
     # a chunk with drafts wants every draft position's logits too

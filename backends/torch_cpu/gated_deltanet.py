@@ -13,6 +13,7 @@ from typing import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
+from qwen_serve.kv.hybrid import chunk_snapshots
 from qwen_serve.models.config import ModelConfig
 from qwen_serve.models.layers import GatedDeltaNet
 from qwen_serve.protocols import RecurrentState, StepBatch
@@ -43,9 +44,7 @@ def state_layout(batch: StepBatch, cache: RecurrentState) -> StateLayout:
         rows.append(slice(first, first + len(chunk.token_ids)))
         first += len(chunk.token_ids)
     decodes = [i for i, r in enumerate(rows) if r.stop - r.start == 1]
-    snapshots = [[] if len(c.token_ids) == 1 else
-                 [(p - c.start, slot) for p, slot in cache.snapshot_slots(c.seq_id, c.start, c.start + len(c.token_ids))]
-                 for c in batch.chunks]
+    snapshots = [chunk_snapshots(cache, c) for c in batch.chunks]
     return StateLayout(
         slots=torch.tensor([cache.state_slot(c.seq_id) for c in batch.chunks], dtype=torch.long),
         fresh=torch.tensor([c.start == 0 for c in batch.chunks], dtype=torch.bool),

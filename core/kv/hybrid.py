@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Sequence
 
-from ..protocols import Forking, KVCache, KVUsage, LossyKV, PrefixCaching, StateStorage
+from ..protocols import Forking, KVCache, KVUsage, LossyKV, PrefixCaching, RecurrentState, ScheduledChunk, StateStorage
 from .block_hash import ROOT_HASH, chain_hashes
 
 
@@ -197,6 +197,16 @@ class PrefixCachingHybridCache(HybridCache):
 
 class ForkingPrefixCachingHybridCache(PrefixCachingHybridCache, ForkingHybridCache):
     """Both: over the paged cache, the default."""
+
+
+def chunk_snapshots(cache: RecurrentState, chunk: ScheduledChunk) -> list[tuple[int, int]]:
+    """(rows of the chunk, slot) for each state a prefill chunk leaves for the prefix cache (the
+    state after that many of its rows goes into slot); none for a decode. Every backend's
+    per-step layout asks this once per chunk."""
+    n = len(chunk.token_ids)
+    if n == 1:
+        return []
+    return [(p - chunk.start, slot) for p, slot in cache.snapshot_slots(chunk.seq_id, chunk.start, chunk.start + n)]
 
 
 def with_recurrent_state(kv: KVCache, state_storage: StateStorage, live_slots: int,

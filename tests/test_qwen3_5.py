@@ -284,3 +284,56 @@ def test_a_hit_backs_off_below_evicted_blocks(checkpoint):
     assert out.token_ids == reference(checkpoint, tuple(second))
     usage = llm.parts.cache.usage()
     assert usage.states_used == usage.state_snapshots and usage.used == usage.cached
+
+
+class ReferenceWithSlips:
+    """Proposes transformers' own continuation, but slips at a place that moves with the output
+    length (draft i wrong when i == len(output) % (max_tokens + 1)), so steps keep every draft,
+    some of them, or none, and the state is rolled back to each position a draft can end at."""
+
+    def __init__(self, continuations: dict[tuple[int, ...], list[int]]) -> None:
+        self.continuations = continuations
+
+    def propose(self, token_ids, max_tokens):
+        tokens = list(token_ids)
+        prompt = next(p for p in self.continuations if tuple(tokens[:len(p)]) == p)
+        done = len(tokens) - len(prompt)
+        draft = self.continuations[prompt][done:done + max_tokens]
+        slip = done % (max_tokens + 1)
+        if slip < len(draft):
+            draft[slip] = (draft[slip] + 1) % 1000
+        return draft
+
+
+def registry_with(name: str, proposer):
+    from qwen_serve.hookspecs import hookimpl
+    from qwen_serve.registry import load_registry, make_plugin_manager
+
+    class Plugin:
+        @hookimpl
+        def register_proposers(self, register):
+            register(name, lambda engine_config: proposer)
+
+    pm = make_plugin_manager(env={"QWEN_SERVE_PLUGINS": ""})
+    pm.register(Plugin(), name=f"{name}-plugin")
+    return load_registry(pm=pm)
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_greedy_with_speculation_equals_transformers(checkpoint, backend):
+    """Drafts verified in one pass, rejected ones rolled back through the states the cache kept
+    after each draft position; twice, so the second pass starts from prefix-cache snapshots."""
+    tokenizer = LLM(str(checkpoint), kv_blocks=4).tokenizer
+    batch = [tokenizer.encode("The quick brown fox"), tokenizer.encode(" ".join(f"word{i}" for i in range(60)))]
+    proposer = ReferenceWithSlips({tuple(p): reference(checkpoint, tuple(p)) for p in batch})
+    llm = LLM(str(checkpoint), backend=backend, chunk_size=32, registry=registry_with("slips", proposer),
+              speculative="slips", num_speculative_tokens=3)
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    for _ in range(2):
+        outs = llm.generate(batch, params)
+        for prompt, out in zip(batch, outs):
+            assert out.token_ids == reference(checkpoint, tuple(prompt))
+    stats = llm.engine.stats
+    assert 0 < stats.accepted_draft_tokens_total < stats.draft_tokens_total
+    usage = llm.parts.cache.usage()
+    assert usage.states_used == usage.state_snapshots and usage.used == usage.cached

@@ -25,6 +25,7 @@ from ..protocols import (
     KVCache,
     KVStorage,
     ModelExecutor,
+    Rewinding,
     SlidingWindow,
 )
 from ..quant.calibration import (
@@ -118,8 +119,9 @@ def build_engine(
 
 def with_state_if_needed(cache: KVCache, compute: Backend, model_config: ModelConfig, config: EngineConfig) -> KVCache:
     """cache itself, or for a model with linear-attention layers cache wrapped to hold a
-    recurrent state for each of the max_batch sequences a step may run, and as many prefix-cache
-    snapshots as state_cache_mib holds (kv.hybrid)."""
+    recurrent state for each of the max_batch sequences a step may run, as many prefix-cache
+    snapshots as state_cache_mib holds, and with speculative decoding num_speculative_tokens
+    states per sequence to roll rejected drafts back to (kv.hybrid)."""
     if not model_config.linear_attention():
         return cache
     if not isinstance(compute, HoldsRecurrentState):
@@ -130,8 +132,9 @@ def with_state_if_needed(cache: KVCache, compute: Backend, model_config: ModelCo
                          "a sliding-window KV cache cannot serve it")
     per_state = sum(kind.state_bytes() for kind in model_config.linear_attention())
     snapshots = config.state_cache_mib * 2**20 // per_state if config.prefix_cache else 0
-    storage = compute.create_state_storage(model_config, config.max_batch + snapshots)
-    return with_recurrent_state(cache, storage, config.max_batch, snapshots)
+    drafts = config.num_speculative_tokens if config.speculative and isinstance(cache, Rewinding) else 0
+    storage = compute.create_state_storage(model_config, config.max_batch * (1 + drafts) + snapshots)
+    return with_recurrent_state(cache, storage, config.max_batch, snapshots, drafts)
 
 
 def float_model_too_big(model_config: ModelConfig, dtype: str, headroom: float = 0.8) -> str:

@@ -12,28 +12,46 @@ state at the hit's last position. The executor copies the state at every block b
 prefill chunk into a snapshot slot (``snapshot_slots``); publishing the sequence's blocks files
 each snapshot under the chained hash of the block ending there, so a later prompt's hit backs off
 to the deepest boundary that has a snapshot, copies it into its live slot and computes on from
-there. Snapshots take at most snapshot_slots slots, least recently used evicted first; live
-slots never wait for them. Rewinding is not offered: a rejected draft would need the state
-before it."""
+from there. Snapshots take at most snapshot_slots slots, least recently used evicted first; live
+slots never wait for them.
+
+Rewinding (RewindingHybridCache, when the wrapped cache rewinds and draft_slots > 0): a state
+cannot be undone, so a chunk that ends in k speculative drafts also leaves the state after each
+position a rewind may return to in k draft slots (the executor writes them as it does snapshots);
+rewinding to one copies it into the live slot, and every draft slot goes back. Each live
+sequence has draft_slots of them reserved, so a step never waits for one."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import cache
 from typing import Any, Sequence
 
-from ..protocols import Forking, KVCache, KVUsage, LossyKV, PrefixCaching, RecurrentState, ScheduledChunk, StateStorage
+from ..protocols import (
+    Forking,
+    KVCache,
+    KVUsage,
+    LossyKV,
+    PrefixCaching,
+    RecurrentState,
+    Rewinding,
+    ScheduledChunk,
+    StateStorage,
+)
 from .block_hash import ROOT_HASH, chain_hashes
 
 
 class HybridCache:
-    def __init__(self, kv: KVCache, state_storage: StateStorage, live_slots: int, snapshot_slots: int = 0) -> None:
+    def __init__(self, kv: KVCache, state_storage: StateStorage, live_slots: int, snapshot_slots: int = 0,
+                 draft_slots: int = 0) -> None:
         self.kv = kv
         self.block_size = kv.block_size
         self.state_storage = state_storage
-        self.live_slots, self.snapshot_capacity = live_slots, snapshot_slots
-        total = live_slots + snapshot_slots
+        self.live_slots, self.snapshot_capacity, self.draft_slots = live_slots, snapshot_slots, draft_slots
+        total = live_slots * (1 + draft_slots) + snapshot_slots
         self._free = list(range(total - 1, -1, -1))  # lowest first: the storage grows only as far as used
         self._live: dict[int, int] = {}
         self._pending: dict[int, dict[int, int]] = {}  # seq -> {position: slot} written, not yet published
+        self._drafts: dict[int, tuple[int, dict[int, int]]] = {}  # seq -> (its chunk's end, {position: slot})
         self._snapshots: OrderedDict[bytes, int] = OrderedDict()  # block hash -> slot, least recently used first
         self._chains: dict[int, list[bytes]] = {}  # seq -> hashes of its full blocks (as far as published)
         self.state_hit_tokens = 0  # what hits served (a hit backed off below evicted blocks matches twice in kv)
@@ -47,9 +65,10 @@ class HybridCache:
 
     def usage(self) -> KVUsage:
         usage = self.kv.usage()
-        held = len(self._live) + len(self._snapshots) + sum(map(len, self._pending.values()))
+        held = len(self._live) + len(self._snapshots) + sum(map(len, self._pending.values())) + \
+            sum(len(slots) for _, slots in self._drafts.values())
         return KVUsage(usage.total, usage.used, usage.cached, self.state_hit_tokens // self.block_size, usage.cow_copies,
-                       states_total=self.live_slots + self.snapshot_capacity, states_used=held,
+                       states_total=self.live_slots * (1 + self.draft_slots) + self.snapshot_capacity, states_used=held,
                        state_snapshots=len(self._snapshots))
 
     def can_fit(self, num_tokens: int) -> bool:
@@ -71,6 +90,8 @@ class HybridCache:
             self._release(self._live.pop(seq_id))
         for slot in self._pending.pop(seq_id, {}).values():
             self._release(slot)
+        for slot in self._drafts.pop(seq_id, (0, {}))[1].values():
+            self._release(slot)
         self._chains.pop(seq_id, None)
 
     def block_table(self, seq_id: int) -> Sequence[int]:
@@ -86,10 +107,11 @@ class HybridCache:
     def state_slot(self, seq_id: int) -> int:
         return self._live[seq_id]
 
-    def snapshot_slots(self, seq_id: int, start: int, stop: int) -> list[tuple[int, int]]:
+    def snapshot_slots(self, seq_id: int, start: int, stop: int, num_draft: int = 0) -> list[tuple[int, int]]:
         """(position, slot) for each block boundary in (start, stop] that gets a snapshot: the
         executor copies the sequence's state after that many tokens into the slot (none where
-        prefixes are not cached: no snapshot slots)."""
+        prefixes are not cached: no snapshot slots). num_draft: the chunk ends in that many
+        drafts (a cache that rewinds adds the positions a rewind may return to)."""
         if not self.snapshot_capacity:
             return []
         taken = []
@@ -132,6 +154,38 @@ class HybridCache:
 
     def _release(self, slot: int) -> None:
         self._free.append(slot)
+
+
+class RewindingHybridCache(HybridCache):
+    """A HybridCache that rolls a sequence back to before its rejected drafts."""
+
+    kv: Rewinding
+
+    def snapshot_slots(self, seq_id: int, start: int, stop: int, num_draft: int = 0) -> list[tuple[int, int]]:
+        taken = super().snapshot_slots(seq_id, start, stop, num_draft)
+        if not num_draft:
+            return taken
+        if num_draft > self.draft_slots:
+            raise ValueError(f"a chunk of {num_draft} drafts; the cache keeps states for {self.draft_slots}")
+        drafts = {position: self._take(evict=True) for position in range(stop - num_draft, stop)}
+        self._drafts[seq_id] = (stop, drafts)
+        return sorted(taken + list(drafts.items()))
+
+    def rewind(self, seq_id: int, num_tokens: int) -> None:
+        """Keep positions [0, num_tokens): the live state goes back to the draft slot holding the
+        state after num_tokens (unless that is the end of the last chunk); snapshots pending past
+        it are dropped, since they hold rejected tokens."""
+        self.kv.rewind(seq_id, num_tokens)
+        stop, drafts = self._drafts.pop(seq_id, (num_tokens, {}))
+        if num_tokens != stop:
+            if num_tokens not in drafts:
+                raise ValueError(f"sequence {seq_id}: no state after {num_tokens} tokens to rewind to")
+            self.state_storage.copy_slot(drafts[num_tokens], self._live[seq_id])
+        for slot in drafts.values():
+            self._release(slot)
+        pending = self._pending.get(seq_id, {})
+        for position in [p for p in pending if p > num_tokens]:
+            self._release(pending.pop(position))
 
 
 class ForkingHybridCache(HybridCache):
@@ -195,10 +249,6 @@ class PrefixCachingHybridCache(HybridCache):
                 self._snapshots[block_hash] = slot
 
 
-class ForkingPrefixCachingHybridCache(PrefixCachingHybridCache, ForkingHybridCache):
-    """Both: over the paged cache, the default."""
-
-
 def chunk_snapshots(cache: RecurrentState, chunk: ScheduledChunk) -> list[tuple[int, int]]:
     """(rows of the chunk, slot) for each state a prefill chunk leaves for the prefix cache (the
     state after that many of its rows goes into slot); none for a decode. Every backend's
@@ -206,16 +256,32 @@ def chunk_snapshots(cache: RecurrentState, chunk: ScheduledChunk) -> list[tuple[
     n = len(chunk.token_ids)
     if n == 1:
         return []
-    return [(p - chunk.start, slot) for p, slot in cache.snapshot_slots(chunk.seq_id, chunk.start, chunk.start + n)]
+    taken = cache.snapshot_slots(chunk.seq_id, chunk.start, chunk.start + n, chunk.num_draft)
+    return sorted((p - chunk.start, slot) for p, slot in taken)
+
+
+ABILITIES = ((Forking, ForkingHybridCache), (PrefixCaching, PrefixCachingHybridCache),
+             (Rewinding, RewindingHybridCache))
 
 
 def with_recurrent_state(kv: KVCache, state_storage: StateStorage, live_slots: int,
-                         snapshot_slots: int = 0) -> HybridCache:
-    """kv wrapped to hold live_slots sequences' recurrent states, and (if kv shares prefixes and
-    snapshot_slots > 0) up to snapshot_slots states at block boundaries for prefix caching. The
-    wrapper implements Forking and PrefixCaching only where it offers them, so the engine, the
-    memory plan and the conformance checks read what it does from its type."""
-    caching = isinstance(kv, PrefixCaching) and snapshot_slots > 0
-    kind = {(False, False): HybridCache, (True, False): ForkingHybridCache, (False, True): PrefixCachingHybridCache,
-            (True, True): ForkingPrefixCachingHybridCache}[isinstance(kv, Forking), caching]
-    return kind(kv, state_storage, live_slots, snapshot_slots if caching else 0)
+                         snapshot_slots: int = 0, draft_slots: int = 0) -> HybridCache:
+    """kv wrapped to hold live_slots sequences' recurrent states; (if kv shares prefixes and
+    snapshot_slots > 0) up to snapshot_slots states at block boundaries for prefix caching; (if
+    kv rewinds and draft_slots > 0) draft_slots states per live sequence to roll back rejected
+    drafts. The wrapper implements Forking, PrefixCaching and Rewinding only where it offers
+    them, so the engine, the memory plan and the conformance checks read what it does from its
+    type."""
+    offered = {Forking: True, PrefixCaching: snapshot_slots > 0, Rewinding: draft_slots > 0}
+    kinds = tuple(kind for ability, kind in ABILITIES if isinstance(kv, ability) and offered[ability])
+    return _composed(kinds)(kv, state_storage, live_slots, snapshot_slots if PrefixCachingHybridCache in kinds else 0,
+                            draft_slots if RewindingHybridCache in kinds else 0)
+
+
+@cache
+def _composed(kinds: tuple[type, ...]) -> type:
+    """One class with the given abilities (HybridCache itself for none), named after them, e.g.
+    ForkingPrefixCachingHybridCache over the paged cache."""
+    if len(kinds) <= 1:
+        return kinds[0] if kinds else HybridCache
+    return type("".join(kind.__name__.removesuffix("HybridCache") for kind in kinds) + "HybridCache", kinds, {})

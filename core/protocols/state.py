@@ -41,9 +41,11 @@ class RecurrentState(Protocol):
 
     def state_slot(self, seq_id: int) -> int: ...
 
-    def snapshot_slots(self, seq_id: int, start: int, stop: int) -> Sequence[tuple[int, int]]:
-        """For a prefill chunk of positions [start, stop): (p, slot) pairs asking the executor to
-        also copy the state after p tokens (start < p <= stop) into slot, for prefix caching."""
+    def snapshot_slots(self, seq_id: int, start: int, stop: int, num_draft: int = 0) -> Sequence[tuple[int, int]]:
+        """For a chunk of positions [start, stop) of which the last num_draft are speculative
+        drafts: (p, slot) pairs asking the executor to also copy the state after p tokens
+        (start < p <= stop) into slot, for prefix caching and, in a cache that rewinds, for
+        rolling back rejected drafts. A p may come twice (two slots want the same state)."""
 
 
 @runtime_checkable

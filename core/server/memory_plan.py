@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..kv.hybrid import HybridCache
 from ..kv.memory import blocks_spanned, format_bytes
 from ..protocols import ChoosesKernels, PrefixCaching, ReadsRoutedExperts, RecurrentState, SlidingWindow
 from ..sampling.defaults import SamplingDefaults
@@ -43,10 +44,12 @@ def format_memory_plan(parts: Any, dtype: str, quant: str, sampling_defaults: Sa
     if isinstance(parts.cache, RecurrentState):
         linear, state = len(m.linear_attention()), parts.cache.state_storage.bytes_per_slot()
         slots = parts.cache.usage().states_total
+        per_sequence = parts.cache.draft_slots if isinstance(parts.cache, HybridCache) else 0
+        drafts = f" ({per_sequence} of them per sequence to roll rejected drafts back to)" if per_sequence else ""
         lines.append(f"states     {linear} of {m.num_layers} layers are linear attention: {format_bytes(state)} of float32 "
                      f"state per sequence whatever its length (as much as {state // max(per_token, 1):,} tokens of KV), "
-                     f"{slots} slots = {format_bytes(state * slots)} at most; the KV above is the {m.kv_layers} "
-                     "attention layers'")
+                     f"{slots} slots = {format_bytes(state * slots)} at most{drafts}; the KV above is the "
+                     f"{m.kv_layers} attention layers'")
     if isinstance(parts.cache, SlidingWindow):
         held = blocks_spanned(parts.cache.window, e.block_size)
         lines.append(f"window     {parts.cache.window} tokens: a decoding sequence holds at most {held} blocks "

@@ -236,3 +236,80 @@ def make_qwen3_5_checkpoint(directory: Path, geometry: Qwen3Geometry = QWEN3_5_T
         stale.unlink()
     model.eval().save_pretrained(directory, safe_serialization=True)
     return directory
+
+
+MTP_PREFIX = "mtp."
+
+
+def add_mtp_head(directory: Path, seed: int = 0, init_std: float = 0.2) -> Path:
+    """Give a random Qwen3.5 checkpoint (make_qwen3_5_checkpoint) a random multi-token-prediction
+    head laid out as the hub's checkpoints carry it: mtp.fc [hidden, 2 * hidden], the zero-centred
+    norms mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden and mtp.norm, and mtp.layers.0, a
+    full-attention decoder layer of the model's own class (experts stored one by one, as the
+    hub's files and transformers' save_pretrained have them), in a safetensors file beside the
+    decoder's; config.json declares mtp_num_hidden_layers 1. transformers itself ignores mtp.*."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    directory = Path(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    decoder = model.model.language_model if hasattr(model.model, "language_model") else model.model
+    text = decoder.config
+    full = text.layer_types.index("full_attention")
+    torch.manual_seed(seed + 1000)
+    layer = type(decoder.layers[full])(text, full)
+    hidden = text.hidden_size
+    tensors = {f"layers.0.{name}": value for name, value in layer.state_dict().items()}
+    tensors["fc.weight"] = torch.empty(hidden, 2 * hidden)
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"{name}.weight"] = torch.empty(hidden)
+    for name, value in tensors.items():  # norms near their zero-centred init, projections peaked like the decoder's
+        torch.nn.init.normal_(value, std=0.1 if value.dim() == 1 else init_std)
+    save_file({MTP_PREFIX + name: value.contiguous() for name, value in per_expert(tensors).items()},
+              str(directory / "mtp.safetensors"))
+    config = json.loads((directory / "config.json").read_text())
+    (config.get("text_config") or config)["mtp_num_hidden_layers"] = 1
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    return directory
+
+
+def per_expert(tensors: dict) -> dict:
+    """A state dict whose experts are fused (transformers 5's experts.gate_up_proj [E, 2I, H] and
+    experts.down_proj [E, H, I]) with each expert's gate_proj, up_proj and down_proj apart."""
+    out = {}
+    for name, value in tensors.items():
+        if name.endswith("experts.gate_up_proj"):
+            width = value.shape[1] // 2
+            for e in range(value.shape[0]):
+                out[name.replace("gate_up_proj", f"{e}.gate_proj.weight")] = value[e, :width]
+                out[name.replace("gate_up_proj", f"{e}.up_proj.weight")] = value[e, width:]
+        elif name.endswith("experts.down_proj"):
+            for e in range(value.shape[0]):
+                out[name.replace("down_proj", f"{e}.down_proj.weight")] = value[e]
+        else:
+            out[name] = value
+    return out
+
+
+def fused_experts(tensors: dict) -> dict:
+    """per_expert undone: the layout a transformers 5 module's state dict has."""
+    import torch
+
+    out, experts = {}, {}
+    for name, value in tensors.items():
+        if ".experts." in name and name.endswith("_proj.weight"):
+            stem, rest = name.split(".experts.", 1)
+            index, projection = rest.split(".", 1)
+            experts.setdefault((stem, projection.removesuffix(".weight")), {})[int(index)] = value
+        else:
+            out[name] = value
+    for (stem, projection), by_index in experts.items():
+        stacked = [by_index[e] for e in sorted(by_index)]
+        if projection == "down_proj":
+            out[f"{stem}.experts.down_proj"] = torch.stack(stacked)
+        elif projection == "gate_proj":
+            ups = experts[(stem, "up_proj")]
+            out[f"{stem}.experts.gate_up_proj"] = torch.stack([torch.cat([g, ups[e]]) for e, g in sorted(by_index.items())])
+    return out
+

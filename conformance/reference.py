@@ -82,3 +82,43 @@ def assert_first_tokens_match(llm, hf, texts: tuple[str, ...], tolerance: float,
             assert out.token_ids[0] == int(torch.argmax(reference)), f"{prompt}: the first token differs"
         for token, logprob in out.logprobs[0].items():
             assert abs(logprob - float(reference[token])) < tolerance, f"{prompt}: token {token}'s log-probability"
+
+
+def hf_mtp_drafts(path: Path, token_ids: list[int], num_draft: int) -> list[int]:
+    """What a multi-token-prediction head (conformance.models.add_mtp_head) guesses after
+    token_ids, built from transformers' own modules: the model's final hidden state at each
+    position but the last, joined with the embedding of the token after it through the head's
+    norms and fc, then the head's decoder layer (transformers' class, causal attention over every
+    row) and norm, scored by the model's head; each guess then extends the head's rows with its
+    own output and the guess's embedding. Greedy, num_draft guesses."""
+    from safetensors.torch import load_file
+
+    from .models import fused_experts
+
+    model = hf_model(path)
+    decoder = model.model.language_model if hasattr(model.model, "language_model") else model.model
+    text = decoder.config
+    head = {name.removeprefix("mtp."): value for name, value in load_file(str(Path(path) / "mtp.safetensors")).items()}
+    full = text.layer_types.index("full_attention")
+    layer = type(decoder.layers[full])(text, full).eval()
+    layer.load_state_dict(fused_experts({name.removeprefix("layers.0."): value for name, value in head.items()
+                                         if name.startswith("layers.0.")}))
+    norms = {}
+    for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        norms[name] = type(decoder.norm)(text.hidden_size, eps=text.rms_norm_eps).eval()
+        norms[name].load_state_dict({"weight": head[f"{name}.weight"]})
+    tokens = torch.tensor([token_ids])
+    with torch.inference_mode():
+        hidden = decoder(input_ids=tokens).last_hidden_state[0, :-1]  # after the final norm
+        inputs = list(token_ids[1:])
+        guesses: list[int] = []
+        for _ in range(num_draft):
+            embedded = decoder.embed_tokens(torch.tensor([inputs]))[0]
+            joined = torch.cat([norms["pre_fc_norm_embedding"](embedded), norms["pre_fc_norm_hidden"](hidden)], dim=-1)
+            x = (joined @ head["fc.weight"].t())[None]
+            positions = torch.arange(x.shape[1])[None]
+            out = norms["norm"](layer(x, position_embeddings=decoder.rotary_emb(x, positions), position_ids=positions))[0]
+            guesses.append(int(model.lm_head(out[-1]).argmax()))
+            hidden = torch.cat([hidden, out[-1:]])
+            inputs.append(guesses[-1])
+    return guesses

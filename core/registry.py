@@ -27,6 +27,7 @@ BUILTIN_PLUGINS = {
     "kv_caches": "qwen_serve.kv.plugin",
     "logits_processors": "qwen_serve.logits.plugin",
     "ngram": "qwen_serve.plugins.ngram.plugin",
+    "mtp": "qwen_serve.plugins.mtp.plugin",
     "int8_kv": "qwen_serve.plugins.int8_kv.plugin",
     "sliding_window": "qwen_serve.plugins.sliding_window.plugin",
 }

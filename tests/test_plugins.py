@@ -96,13 +96,13 @@ def test_duplicate_names_are_refused():
 def test_env_var_restricts_entry_point_plugins():
     pm = make_plugin_manager(env={"QWEN_SERVE_PLUGINS": ""})
     names = {name for name, _ in pm.list_name_plugin()}
-    assert names == {"torch", "mlx", "kv_caches", "logits_processors", "ngram", "int8_kv", "sliding_window"}
+    assert names == {"torch", "mlx", "kv_caches", "logits_processors", "ngram", "mtp", "int8_kv", "sliding_window"}
 
 
 @pytest.mark.parametrize("flags, needle", [
     (["--backend", "cuda"], "unknown backend 'cuda'"),
     (["--kv-cache", "ring"], "unknown KV cache 'ring'"),
-    (["--speculative", "eagle"], "unknown proposer 'eagle'; installed proposers: ngram"),
+    (["--speculative", "eagle"], "unknown proposer 'eagle'; installed proposers: mtp, ngram"),
     (["--model", "/no/such/model"], "no such file"),
     (["--reasoning-parser", "deepseek"], "unknown reasoning parser 'deepseek'; choose one of qwen3, none"),
     (["--tool-call-parser", "mistral"], "unknown tool-call parser 'mistral'"),

@@ -194,6 +194,17 @@ def test_seeded_sampling_with_speculation_is_reproducible_and_survives_preemptio
     assert small.engine.scheduler.num_preemptions > 0
 
 
+def test_int4_with_speculation_decodes_as_int4_without_it(tiny, tmp_path, monkeypatch):
+    """Calibration (which int4 runs first) goes without speculation: it once refused to start."""
+    monkeypatch.setenv("QWEN_SERVE_CACHE", str(tmp_path))  # measured here, not read from an earlier run
+    spec = LLM(tiny, quant="int4", speculative="ngram", num_speculative_tokens=3)  # first: nothing cached yet
+    plain = LLM(tiny, quant="int4")
+    assert spec.parts.calibration == plain.parts.calibration == "by the activations of the calibration text"
+    assert [o.token_ids for o in spec.generate(PROMPTS[:3], GREEDY)] == \
+        [o.token_ids for o in plain.generate(PROMPTS[:3], GREEDY)]
+    assert spec.engine.stats.accepted_draft_tokens_total > 0
+
+
 def test_a_cache_that_cannot_rewind_runs_without_speculation(tiny, greedy_reference):
     llm = LLM(tiny, kv_cache="sliding-window", kv_window=4096, speculative="ngram")
     assert not isinstance(llm.parts.cache, Rewinding)

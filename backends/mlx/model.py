@@ -26,6 +26,9 @@ class DecoderModel:
         c = config
         if len(c.layers) != c.num_layers:
             raise ModelLoadError(f"{c.architecture}: no layer description to build {c.num_layers} layers from")
+        if c.draft_layers:
+            raise ModelLoadError("the mlx backend does not run a multi-token-prediction head (--speculative mtp); "
+                                 "the torch backend does")
         tensors = TensorsByName(weights)
         self.layers = [build_layer(description, LayerWeights(tensors, layer_prefix(i), make_linear, c.norm_offset))
                        for i, description in enumerate(c.layers)]

@@ -14,10 +14,11 @@ from qwen_serve.heap import return_free_heap
 from qwen_serve.models.built_layer import skipped_expert_bytes
 from qwen_serve.models.config import ModelConfig
 from qwen_serve.models.weights import EMBEDDING, FINAL_NORM, TensorsByName, language_model_head, layer_prefix
-from qwen_serve.protocols import KVCache, StepBatch
+from qwen_serve.protocols import DraftRequest, KVCache, ScheduledChunk, StepBatch
 
 from .attention import CachedAttention
 from .decoder_layer import LayerWeights, build_layer
+from .draft_head import DraftHeadLayers
 from .fused_decode import FusedDecode
 from .gated_deltanet import state_layout
 from .huge_pages import move_to_huge_pages
@@ -45,6 +46,8 @@ class DecoderModel:
                                                                      c.norm_offset)))
             return_free_heap()  # the loaded tensors this layer was made from (else ~2x the weights at the end)
         self.norm = tensors.take(FINAL_NORM).float() + c.norm_offset
+        self.draft_head = DraftHeadLayers(c, tensors, make_linear) if c.draft_layers else None
+        self._last_step: tuple[StepBatch, torch.Tensor] | None = None  # (batch, final hidden rows) for the head
         self.mixer_indices = c.mixer_indices()  # each layer's KV layer or state layer
         self.recurrent = bool(c.linear_attention())
         self.lm_head = language_model_head(c, tensors, self.embed, make_linear)
@@ -55,7 +58,7 @@ class DecoderModel:
         # each packed shape's path per row count (a bf16 projection's layout too), then the layouts
         multiplied = [linear for linear in self.linears() if linear is not self.embed or linear is self.lm_head]
         self.kernel_choices = choose_paths(multiplied, kernels)
-        for linear in [linear for layer in self.layers for linear in layer.linears()]:
+        for linear in [linear for layer in self.built_layers() for linear in layer.linears()]:
             if isinstance(linear, DenseLinear):
                 linear.prepack(kernels)
         if move_to_huge_pages(self.linears()):
@@ -67,9 +70,13 @@ class DecoderModel:
         self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, rotary, 2, dtype=torch.int64).float() / rotary))
         self._rope_table = (torch.empty(0, rotary), torch.empty(0, rotary))
 
+    def built_layers(self) -> list:
+        """The decoder layers, then the draft head's (if built)."""
+        return self.layers + (self.draft_head.layers if self.draft_head is not None else [])
+
     def projections(self):
         """Calibratable.projections, layer by layer."""
-        for layer in self.layers:
+        for layer in self.built_layers():
             yield from layer.projections()
 
     @staticmethod
@@ -80,6 +87,7 @@ class DecoderModel:
         """Every weight-holding layer once: the embedding, the head (a tied head is the same
         object) and each decoder layer's projections."""
         every = [self.embed, self.lm_head] + [linear for layer in self.layers for linear in layer.linears()]
+        every += self.draft_head.linears() if self.draft_head is not None else []
         return list({id(linear): linear for linear in every if linear is not None}.values())
 
     def kernel_table(self) -> list[str]:
@@ -89,6 +97,7 @@ class DecoderModel:
     def weight_bytes(self) -> int:
         total = sum(lin.nbytes() for lin in self.linears())
         norms = [self.norm] + [t for layer in self.layers for t in layer.norms()]
+        norms += self.draft_head.norms() if self.draft_head is not None else []
         return total + sum(t.numel() * t.element_size() for t in norms)
 
     def active_weight_bytes(self) -> int:
@@ -97,7 +106,48 @@ class DecoderModel:
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
-        return self.lm_head(self._final_hidden(batch, cache))
+        if self.draft_head is None:
+            return self.lm_head(self._final_hidden(batch, cache))
+        hidden, sampled = self._final_hidden(batch, cache, every_row=True)
+        self._last_step = (batch, hidden)
+        return self.lm_head(hidden if sampled is None else hidden.index_select(0, sampled))
+
+    @torch.inference_mode()
+    def draft(self, requests: Sequence[DraftRequest], cache: KVCache) -> list[list[int]]:
+        """DraftHead: the head over each request's kept rows of the last step, then on its own
+        guesses, one position further each time; greedy."""
+        batch, hidden = self._last_step
+        starts = np.cumsum([0] + [len(c.token_ids) for c in batch.chunks])
+        rows = torch.cat([torch.arange(starts[r.chunk], starts[r.chunk] + len(r.next_tokens)) for r in requests])
+        chunks = [ScheduledChunk(r.seq_id, r.next_tokens, r.start, True) for r in requests]
+        out = self._draft_pass(StepBatch(tuple(chunks)), hidden.index_select(0, rows), cache)
+        drafts: list[list[int]] = [[] for _ in requests]
+        ends = np.cumsum([len(r.next_tokens) for r in requests]) - 1
+        active = [i for i, r in enumerate(requests) if r.num_draft]
+        out = out[torch.as_tensor(ends[active], dtype=torch.long)] if active else out[:0]
+        for step in range(max((requests[i].num_draft for i in active), default=0)):
+            guesses = self.lm_head(out).argmax(-1).tolist()
+            for i, token in zip(active, guesses):
+                drafts[i].append(token)
+            going = [j for j, i in enumerate(active) if requests[i].num_draft > step + 1]
+            if not going:
+                break
+            # the guess sits one past the head's last row: the position after the kept rows, plus step
+            chunks = [ScheduledChunk(requests[active[j]].seq_id, (guesses[j],),
+                                     requests[active[j]].start + len(requests[active[j]].next_tokens) + step, True)
+                      for j in going]
+            out = self._draft_pass(StepBatch(tuple(chunks)), out[torch.as_tensor(going, dtype=torch.long)], cache)
+            active = [active[j] for j in going]
+        return drafts
+
+    def _draft_pass(self, batch: StepBatch, hidden: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """The draft head over batch (each chunk's tokens: the ones after its hidden rows)."""
+        step = build_layout(batch, cache)
+        step.paged = paged_decode_layout(step, cache, self.kernels)
+        token_ids = torch.as_tensor([t for c in batch.chunks for t in c.token_ids], dtype=torch.long)
+        cos, sin = self._rope(step.positions)
+        return self.draft_head(self.embed.lookup(token_ids), hidden, cos, sin, cache, step, self.config, self.ops,
+                               self.attention)
 
     @torch.inference_mode()
     def pool(self, batch: StepBatch, cache: KVCache, logit_ids: Sequence[int] | None) -> np.ndarray:
@@ -106,8 +156,9 @@ class DecoderModel:
         rows = hidden if logit_ids is None else self.lm_head(hidden)[:, list(logit_ids)]
         return rows.float().numpy()
 
-    def _final_hidden(self, batch: StepBatch, cache: KVCache) -> torch.Tensor:
-        """The final norm's output at the sampled positions."""
+    def _final_hidden(self, batch: StepBatch, cache: KVCache, every_row: bool = False):
+        """The final norm's output at the sampled positions; with every_row, (the output at every
+        row, the sampled rows among them or None for all)."""
         step = build_layout(batch, cache)
         step.paged = paged_decode_layout(step, cache, self.kernels)
         if self.recurrent:
@@ -121,6 +172,8 @@ class DecoderModel:
             mlp = self.fused(hidden, x, cos, sin, step, self.config, self.attention.scale)  # hidden in place
         else:
             hidden, mlp = self._layers(hidden, x, cos, sin, cache, step)
+        if every_row:
+            return ops.rms_norm(hidden + mlp, self.norm, eps), None if step.all_rows_sampled else step.sample_rows
         if step.all_rows_sampled:
             last = hidden + mlp
         else:

@@ -25,15 +25,17 @@ class Checkpoint:
     format: str  # "hf" | "gguf"
     config: ModelConfig
     tokenizer: Tokenizer
-    _tensors: Callable[[str, Callable[[str], bool] | None], Iterator[tuple[str, Any]]]
+    # (framework, as_int4, the config as it stands now) -> the tensors, read as that config needs
+    _tensors: Callable[[str, Callable[[str], bool] | None, ModelConfig], Iterator[tuple[str, Any]]]
     int4_blocks: bool = False  # every projection is stored in 4-bit blocks that tensors() converts to int4
 
     def tensors(self, framework: str = "numpy",
                 as_int4: Callable[[str], bool] | None = None) -> Iterator[tuple[str, Any]]:
         """(transformers name, array) pairs; framework is a safetensors framework name. Where
         as_int4(name) is true and the file holds that tensor in 4-bit blocks that convert
-        without a float copy (GGUF Q4_0), it comes as a quant.int4.Int4Weight instead."""
-        return self._tensors(framework, as_int4)
+        without a float copy (GGUF Q4_0), it comes as a quant.int4.Int4Weight instead. What is
+        read follows self.config as it is when called (a draft head only when it is built)."""
+        return self._tensors(framework, as_int4, self.config)
 
     def files(self) -> list[Path]:
         """The files holding the weights."""

@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ModelLoadError
 from ..models import architecture_for_gguf
 from ..models.architecture import read_model_config
+from ..models.config import ModelConfig
 from ..models.weights import is_projection
 from ..quant.from_q4_0 import can_convert, int4_from_q4_0
 from .checkpoint import Checkpoint
@@ -80,7 +81,7 @@ def load_gguf(path: Path) -> Checkpoint:
     pages.release_span(0, min((t.data_offset for t in stored), default=0))  # the metadata, parsed
     del reader
 
-    def tensors(framework: str, as_int4: Callable[[str], bool] | None = None) -> Iterator[tuple[str, Any]]:
+    def tensors(framework: str, as_int4: Callable[[str], bool] | None, config: ModelConfig) -> Iterator[tuple[str, Any]]:
         for tensor in stored:
             if tensor.name.split(".")[-2] in EXPERT_NAMES:
                 yield from expert_tensors(tensor, as_int4, pages)

@@ -11,6 +11,7 @@ from safetensors import safe_open
 
 from ..errors import ModelLoadError
 from ..models import architecture_named, model_config_from_hf
+from ..models.config import ModelConfig
 from ..sampling.defaults import SamplingDefaults
 from .checkpoint import Checkpoint, read_json
 from .tokenizer import Tokenizer
@@ -31,7 +32,7 @@ def load_hf_dir(path: Path) -> Checkpoint:
     files = _safetensors_files(path)
     as_read = architecture_named(config.architecture).tensors  # renamed, split or dropped as it reads them
 
-    def tensors(framework: str, as_int4: Any = None) -> Iterator[tuple[str, Any]]:  # stores no int4 blocks
+    def tensors(framework: str, as_int4: Any, config: ModelConfig) -> Iterator[tuple[str, Any]]:  # no int4 blocks
         for file in files:
             with safe_open(file, framework=framework) as f:
                 for name in f.keys():

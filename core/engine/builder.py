@@ -25,6 +25,7 @@ from ..protocols import (
     KVCache,
     KVStorage,
     ModelExecutor,
+    ProposesFromHiddenStates,
     Rewinding,
     SlidingWindow,
 )
@@ -85,6 +86,10 @@ def build_engine(
     config = replace(with_declared_window(checkpoint.config, config), task=resolve_task(task, checkpoint.config))
     if config.task == "embed":
         checkpoint.config = replace(checkpoint.config, head=False)
+    proposer = proposer_factory(config) if proposer_factory is not None else None
+    if isinstance(proposer, ProposesFromHiddenStates):  # the model is built with its draft head
+        proposer.check_model(checkpoint.config)
+        checkpoint.config = replace(checkpoint.config, draft_layers=checkpoint.config.head_draft_layers)
 
     def new_storage(config: EngineConfig) -> KVStorage:  # the one the cache asks for (e.g. int8)
         return registry.create_kv_storage(kv_cache, compute, checkpoint.config, config.kv_dtype, config.block_size,
@@ -111,7 +116,6 @@ def build_engine(
     else:
         executor = compute.load_model(checkpoint, dtype=dtype, quant=quant, importance=importance)
     processors = [entry.factory(checkpoint.config, checkpoint.tokenizer) for entry in registry.logits_processors.values()]
-    proposer = proposer_factory(config) if proposer_factory is not None else None
     engine = Engine(executor, cache, compute.create_sampler(), checkpoint.tokenizer, config, processors, proposer)
     return EngineParts(engine, compute, executor, cache, checkpoint.tokenizer, checkpoint,
                        checkpoint.config, config, registry, storage, kv_dtype_reason, calibration)
@@ -180,8 +184,9 @@ def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, cac
     executor = compute.load_model(checkpoint, dtype=dtype, quant="none")
     if not isinstance(executor, Calibratable):
         return None
-    # No prefix cache: every calibration token passes through the projections.
-    config = replace(config, prefix_cache=False)
+    # No prefix cache: every calibration token passes through the projections. No speculation:
+    # the calibration engine has no proposer (a draft head's projections go without importance).
+    config = replace(config, prefix_cache=False, speculative=None)
     storage = new_storage(config) if new_storage is not None else compute.create_kv_storage(
         checkpoint.config, dtype, config.block_size, config.slab_blocks, config.kv_blocks)
     engine = Engine(executor, cache_factory(storage, config), compute.create_sampler(), checkpoint.tokenizer, config)

@@ -274,6 +274,9 @@ class Engine:
                 continue
             outputs.append(self._postprocess(seq, tokens[0], logprobs[0], now))
             outputs.extend(self._postprocess(child, t, c_lp, now) for child, t, c_lp in forked)
+        if self.drafter is not None and self.drafter.from_hidden_states:
+            self.drafter.after_step(self.executor, self.cache,
+                                    [(i, chunk, by_id[chunk.seq_id]) for i, chunk in enumerate(batch.chunks)])
         return outputs
 
     def _advance(self, batch: StepBatch, by_id: dict[int, Sequence]) -> None:

@@ -39,6 +39,7 @@ class Sequence:
     forks: list["Sequence"] = field(default_factory=list)  # choices that fork this one's prompt once it is computed
     logits_states: list[Any] = field(default_factory=list)  # the logits processors' states (qwen_serve.logits)
     pooled: Any = None  # an input to embed or score (Engine.add_pooling): its row, once finished
+    next_draft: list[int] = field(default_factory=list)  # a hidden-state proposer's guesses, for the next step
 
     @property
     def num_tokens(self) -> int:

@@ -45,6 +45,9 @@ class Architecture:
     # tensor renamed, split (a gate stored inside q_proj) or dropped (weights for another task)
     tensors: Callable[[str, Any, ModelConfig], Iterable[tuple[str, Any]]] = lambda name, array, config: ((name, array),)
     norm_offset: float = 0.0  # what its RMSNorm scales are stored relative to (ModelConfig.norm_offset)
+    # (config.json) -> a multi-token-prediction layer's kinds, for checkpoints that declare
+    # mtp_num_hidden_layers (None: the architecture has no such head)
+    draft_layer: Callable[[dict[str, Any]], DecoderLayer] | None = None
 
 
 def read_model_config(architecture: Architecture, cfg: dict[str, Any], name: str) -> ModelConfig:
@@ -85,4 +88,6 @@ def read_model_config(architecture: Architecture, cfg: dict[str, Any], name: str
         sliding_window=window if all(sliding) else None,
         rotary_dim=None if rotary_fraction == 1.0 else int(head_dim * rotary_fraction),
         norm_offset=architecture.norm_offset,
+        head_draft_layers=tuple(architecture.draft_layer(cfg) for _ in range(cfg.get("mtp_num_hidden_layers", 0)))
+        if architecture.draft_layer is not None else (),
     )

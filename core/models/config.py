@@ -39,6 +39,11 @@ class ModelConfig:
     rotary_dim: int | None = None  # head dimensions the rotary step turns (the first ones); None: all
     # RMSNorm scales stored zero-centred (Qwen3.5, Qwen3-Next: the scale is 1 + weight): added at load
     norm_offset: float = 0.0
+    # A multi-token-prediction head's layers (Qwen3.5: mtp.layers.*): what the checkpoint has, and
+    # what is built (the same, only when a proposer drafts with them; else none is read). The
+    # built ones' keys and values take the KV layers after the decoder's.
+    head_draft_layers: tuple[DecoderLayer, ...] = ()
+    draft_layers: tuple[DecoderLayer, ...] = ()
 
     def __post_init__(self) -> None:
         if self.layers and len(self.layers) != self.num_layers:
@@ -52,7 +57,9 @@ class ModelConfig:
     def kv_layers(self) -> int:
         """Layers that keep keys and values per token (attention); a linear-attention layer keeps
         a recurrent state per sequence instead. Every layer, for a geometry-only config."""
-        return sum(isinstance(layer.mixer, Attention) for layer in self.layers) if self.layers else self.num_layers
+        if not self.layers:
+            return self.num_layers
+        return sum(isinstance(layer.mixer, Attention) for layer in self.layers + self.draft_layers)
 
     def linear_attention(self) -> list[GatedDeltaNet]:
         """The recurrent-state layers, in order (the state storage numbers them so)."""
@@ -60,10 +67,10 @@ class ModelConfig:
 
     def mixer_indices(self) -> list[int]:
         """Each layer's index among the layers of its mixer's kind: its KV layer (attention) or its
-        state layer (linear attention)."""
+        state layer (linear attention); the draft layers' follow the decoder's."""
         seen: dict[type, int] = {}
         indices = []
-        for layer in self.layers:
+        for layer in self.layers + self.draft_layers:
             indices.append(seen.get(type(layer.mixer), 0))
             seen[type(layer.mixer)] = indices[-1] + 1
         return indices
@@ -72,8 +79,10 @@ class ModelConfig:
         """The model's parameters as its layer descriptions count them (the norms left out)."""
         h = self.hidden_size
         tables = self.vocab_size * h * (1 if self.tie_word_embeddings or not self.head else 2)
-        return tables + sum(self.mixer_parameters(layer.mixer) + mlp_parameters(layer.mlp, h, self.intermediate_size)
-                            for layer in self.layers)
+        draft_inputs = 2 * h * h * bool(self.draft_layers)  # the head's fc: [embedding, hidden] -> hidden
+        return tables + draft_inputs + sum(self.mixer_parameters(layer.mixer) +
+                                           mlp_parameters(layer.mlp, h, self.intermediate_size)
+                                           for layer in self.layers + self.draft_layers)
 
     def mixer_parameters(self, kind: Mixer) -> int:
         h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim

@@ -12,7 +12,8 @@ from .architecture import Architecture
 from .config import ModelConfig
 from .layers import Attention, DecoderLayer, DenseMLP, GatedDeltaNet, Mixer
 
-NOT_TEXT = ("model.visual.", "mtp.")  # the vision tower; the multi-token-prediction head (a proposer's)
+NOT_TEXT = ("model.visual.",)  # the vision tower
+DRAFT_HEAD = "mtp."  # the multi-token-prediction head: read only when a proposer drafts with it
 
 
 def layer_types(cfg: dict[str, Any]) -> list[str]:
@@ -53,11 +54,16 @@ def decoder_layer(cfg: dict[str, Any], index: int) -> DecoderLayer:
     return DecoderLayer(mixer(cfg, index), DenseMLP())
 
 
+def draft_layer(cfg: dict[str, Any]) -> DecoderLayer:
+    """The MTP head's layer: gated full attention and the decoder's MLP."""
+    return DecoderLayer(gated_attention(cfg), DenseMLP())
+
+
 def text_tensors(name: str, array: Any, config: ModelConfig) -> Iterator[tuple[str, Any]]:
     """The decoder's tensors under the causal LM's names. q_proj holds, per head, the queries'
     rows then the output gate's: split into q_proj and output_gate_proj, so q, k, v and the gate
     stack into one matmul like any projections that read the same input."""
-    if name.startswith(NOT_TEXT):
+    if name.startswith(NOT_TEXT) or (name.startswith(DRAFT_HEAD) and not config.draft_layers):
         return
     name = name.replace("model.language_model.", "model.", 1)
     if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
@@ -71,6 +77,6 @@ def text_tensors(name: str, array: Any, config: ModelConfig) -> Iterator[tuple[s
 
 
 ARCHITECTURE = Architecture(hf_name="Qwen3_5ForCausalLM", decoder_layer=decoder_layer, tensors=text_tensors,
-                            norm_offset=1.0)
+                            norm_offset=1.0, draft_layer=draft_layer)
 MULTIMODAL = Architecture(hf_name="Qwen3_5ForConditionalGeneration", decoder_layer=decoder_layer,
-                          tensors=text_tensors, norm_offset=1.0)
+                          tensors=text_tensors, norm_offset=1.0, draft_layer=draft_layer)

@@ -30,12 +30,12 @@ from .kv import (
     SlidingWindow,
 )
 from .logits import Completing, LogitsProcessor, LogitsRequest, LogitsState, TakesRequestArgs
-from .speculative import DraftVerifying, Proposer
+from .speculative import DraftHead, DraftRequest, DraftVerifying, Proposer, ProposesFromHiddenStates
 from .state import HoldsRecurrentState, RecurrentState, StateStorage
 
 __all__ = [
-    "Backend", "Calibratable", "ChoosesKVDtype", "ChoosesKernels", "ReadsRoutedExperts", "Completing", "DraftVerifying", "Forking", "HoldsRecurrentState",
+    "Backend", "Calibratable", "ChoosesKVDtype", "ChoosesKernels", "ReadsRoutedExperts", "Completing", "DraftHead", "DraftRequest", "DraftVerifying", "Forking", "HoldsRecurrentState",
     "KVCache", "KVStorage", "KVUsage", "LogitsProcessor", "LogitsRequest", "LogitsState", "LossyKV",
-    "ModelExecutor", "Pools", "PrefixCaching", "Proposer", "QuantizedLinear", "RecurrentState", "ReservesAhead", "Rewinding", "SampleResult",
+    "ModelExecutor", "Pools", "PrefixCaching", "Proposer", "ProposesFromHiddenStates", "QuantizedLinear", "RecurrentState", "ReservesAhead", "Rewinding", "SampleResult",
     "Sampler", "ScheduledChunk", "SlidingWindow", "StateStorage", "StepBatch", "TakesRequestArgs",
 ]

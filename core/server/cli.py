@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a think block longer than this is closed by the engine (Qwen's early-exit sentence, then "
                         "</think>) unless a request sets its own budget; default: no cap")
     p.add_argument("--speculative", default=None, metavar="PROPOSER",
-                   help="speculative decoding with this proposer (ngram: prompt lookup); needs a KV cache that "
-                        "can rewind (paged, naive)")
+                   help="speculative decoding with this proposer (ngram: prompt lookup; mtp: the checkpoint's "
+                        "multi-token-prediction head, Qwen3.5); needs a KV cache that can rewind (paged, naive)")
     p.add_argument("--num-speculative-tokens", type=int, default=DEFAULTS.num_speculative_tokens,
                    help=f"with --speculative: proposals verified per sequence per step, at most "
                         f"(default {DEFAULTS.num_speculative_tokens})")

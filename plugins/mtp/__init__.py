@@ -1,0 +1,1 @@
+"""Multi-token prediction: drafts from the checkpoint's own MTP head (``--speculative mtp``)."""

@@ -1,0 +1,80 @@
+"""Multi-token prediction (``--speculative mtp``): the checkpoint's own MTP head drafts, the
+model verifies. Its guesses equal a head assembled from transformers' own modules (the model's
+decoder-layer class, its RMSNorm, its rotary embedding) at every step of every sequence, through
+chunked prefill, mixed batches and verification; greedy output equals transformers with the
+head on; a checkpoint without a head, or a backend that cannot run it, is a clear error; and
+without ``mtp`` the head is not even read."""
+from __future__ import annotations
+
+import pytest
+
+from qwen_serve import LLM, SamplingParams
+from qwen_serve.conformance.models import add_mtp_head, make_qwen3_5_checkpoint
+from qwen_serve.conformance.reference import hf_greedy, hf_mtp_drafts
+from qwen_serve.errors import ModelLoadError
+
+LAYOUTS = {"text-only": dict(), "multimodal": dict(multimodal=True), "MoE": dict(family="moe", multimodal=True)}
+
+
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def checkpoint(request, tmp_path_factory):
+    directory = make_qwen3_5_checkpoint(tmp_path_factory.mktemp("mtp"), seed=3, **LAYOUTS[request.param])
+    return add_mtp_head(directory, seed=3)
+
+
+def test_drafts_equal_a_head_built_from_transformers_modules(checkpoint):
+    llm = LLM(str(checkpoint), chunk_size=16, speculative="mtp", num_speculative_tokens=3)
+    engine = llm.engine
+    prompts = [list(range(1, 8)), list(range(100, 140)), list(range(7, 30))]  # 40 tokens: three chunks
+    seqs = [engine.add_request(f"r{i}", p, SamplingParams(max_tokens=6 + i, ignore_eos=True))
+            for i, p in enumerate(prompts)]
+    compared = 0
+    while engine.has_unfinished():
+        engine.step()
+        for seq in seqs:
+            if seq.next_draft:
+                assert seq.next_draft == hf_mtp_drafts(checkpoint, seq.token_ids(), len(seq.next_draft))
+                compared += 1
+    assert compared >= 12 and engine.stats.draft_tokens_total > 0
+
+
+def test_greedy_with_mtp_equals_transformers(checkpoint):
+    llm = LLM(str(checkpoint), chunk_size=16, speculative="mtp", num_speculative_tokens=2)
+    prompts = [list(range(1, 8)), list(range(100, 140))]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == hf_greedy(checkpoint, prompt, 10)
+    assert llm.engine.stats.draft_tokens_total > 0
+    usage = llm.parts.cache.usage()
+    assert usage.used == usage.cached and usage.states_used == usage.state_snapshots
+
+
+def test_the_head_is_read_only_for_mtp(checkpoint):
+    plain, drafting = LLM(str(checkpoint)), LLM(str(checkpoint), speculative="mtp")
+    assert not plain.parts.model_config.draft_layers and plain.parts.executor.draft_head is None
+    assert drafting.parts.model_config.kv_layers == plain.parts.model_config.kv_layers + 1
+    assert drafting.parts.executor.weight_bytes() > plain.parts.executor.weight_bytes()
+
+
+def test_a_checkpoint_without_a_head_is_a_clear_error(tmp_path):
+    directory = make_qwen3_5_checkpoint(tmp_path, seed=3)
+    with pytest.raises(ModelLoadError, match="declares none"):
+        LLM(str(directory), speculative="mtp")
+
+
+def test_mlx_refuses_the_head(checkpoint):
+    with pytest.raises(ModelLoadError, match="does not run a multi-token-prediction head"):
+        LLM(str(checkpoint), backend="mlx", speculative="mtp")
+
+
+def test_int4_with_the_head_decodes_as_int4_without_it(checkpoint, tmp_path, monkeypatch):
+    """The head's projections are int4 like the decoder's; calibration runs without speculation
+    (it once refused to start: its engine had no proposer)."""
+    monkeypatch.setenv("QWEN_SERVE_CACHE", str(tmp_path))  # measured here, not read from an earlier run
+    prompt = list(range(1, 30))
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    drafting = LLM(str(checkpoint), quant="int4", speculative="mtp", num_speculative_tokens=2)  # first: nothing cached
+    assert drafting.parts.calibration == "by the activations of the calibration text"
+    plain = LLM(str(checkpoint), quant="int4")
+    assert drafting.generate([prompt], params)[0].token_ids == plain.generate([prompt], params)[0].token_ids
+    assert drafting.engine.stats.draft_tokens_total > 0

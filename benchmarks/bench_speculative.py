@@ -1,8 +1,11 @@
-"""n-gram speculative decoding on an input-grounded task: acceptance rate and decode tok/s with
-and without speculation, batch 1 and batch 8, greedy, SmolLM2-135M-Instruct (the embedded GGUF).
+"""Speculative decoding on an input-grounded task: acceptance rate and decode tok/s with and
+without speculation, batch 1 and batch 8, greedy, SmolLM2-135M-Instruct (the embedded GGUF) or any
+checkpoint; the n-gram proposer, or a Qwen3.5 checkpoint's multi-token-prediction head.
 
     python benchmarks/bench_speculative.py                      # K = 4, both tasks, batch 1 and 8
     python benchmarks/bench_speculative.py --k 2 4 8 --dtype bfloat16
+    python benchmarks/bench_speculative.py --size 0.8b --proposers ngram mtp --k 2 --quant int4
+        # Qwen3.5-0.8B's geometry, random weights, with a random MTP head (made once, in the cache)
 
 Tasks (8 paragraphs each): "repeat": copy a paragraph exactly; "correct": fix the typos in a
 paragraph (most of the answer is still copied from the prompt). Decode tok/s counts the tokens
@@ -19,6 +22,8 @@ import time
 from pathlib import Path
 
 from result_folder import result_folder
+
+from qwen_serve.cache_dir import cache_dir
 
 REPEATS = 2
 MAX_TOKENS = 160
@@ -59,12 +64,26 @@ def task_prompts(tokenizer, task: str) -> list[list[int]]:
     return [tokenizer.encode_chat([{"role": "user", "content": a}]) for a in asks]
 
 
-def run(llm, prompts: list[list[int]], batch: int) -> dict:
+def hybrid_checkpoint(size: str) -> Path:
+    """Qwen3.5's geometry of that size with random bf16 weights and a random MTP head."""
+    from bench_hybrid import SIZES
+
+    from qwen_serve.conformance.models import add_mtp_head, make_qwen3_5_checkpoint
+
+    path = cache_dir("peers") / f"qwen3.5-{size}-random-bf16-mtp"
+    if not (path / "mtp.safetensors").exists():
+        geometry, linear = SIZES[size]
+        make_qwen3_5_checkpoint(path, geometry, linear, seed=3, dtype="bfloat16", init_std=0.05)
+        add_mtp_head(path, seed=3, init_std=0.05)
+    return path
+
+
+def run(llm, prompts: list[list[int]], batch: int, max_tokens: int) -> dict:
     """Decode tok/s (best of REPEATS), acceptance, and the outputs, running `batch` at a time."""
     from qwen_serve import SamplingParams
 
     engine = llm.engine
-    params = SamplingParams(max_tokens=MAX_TOKENS)
+    params = SamplingParams(max_tokens=max_tokens)
     best, outputs = None, None
     for repeat in range(REPEATS):
         stats0 = (engine.stats.draft_tokens_total, engine.stats.accepted_draft_tokens_total)
@@ -99,6 +118,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--tasks", nargs="+", default=["repeat", "correct"])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--proposers", nargs="+", default=["ngram"], choices=["ngram", "mtp"])
+    parser.add_argument("--quant", default="none")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    parser.add_argument("--size", choices=["0.8b", "2b"], help="Qwen3.5's geometry with random weights and an MTP "
+                                                              "head instead of SmolLM2")
     parser.add_argument("--out", type=Path, help="default: results/DATE-speculative/speculative.json")
     args = parser.parse_args()
 
@@ -107,9 +131,13 @@ def main() -> None:
 
     machine = describe_machine(measure_bandwidth=False)
     print(machine_header(machine))
-    print(f"model: SmolLM2-135M-Instruct (embedded GGUF), dtype {args.dtype}, greedy, max_tokens {MAX_TOKENS}")
-    configs = {"off": {}} | {f"ngram k={k}": dict(speculative="ngram", num_speculative_tokens=k) for k in args.k}
-    engines = {name: LLM(dtype=args.dtype, max_batch=8, **options) for name, options in configs.items()}
+    model = str(hybrid_checkpoint(args.size)) if args.size else None
+    print(f"model: {model or 'SmolLM2-135M-Instruct (embedded GGUF)'}, dtype {args.dtype}, quant {args.quant}, "
+          f"greedy, max_tokens {args.max_tokens}")
+    configs = {"off": {}} | {f"{p} k={k}": dict(speculative=p, num_speculative_tokens=k)
+                             for p in args.proposers for k in args.k}
+    engines = {name: LLM(model, dtype=args.dtype, quant=args.quant, max_batch=8, **options)
+               for name, options in configs.items()}
     rows = []
     print("| task | batch | speculation | decode tok/s | speed-up | acceptance | identical |")
     print("|---|---|---|---|---|---|---|")
@@ -118,7 +146,7 @@ def main() -> None:
         for batch in args.batches:
             base = None
             for name, llm in engines.items():
-                r = run(llm, prompts, batch)
+                r = run(llm, prompts, batch, args.max_tokens)
                 base = base or r
                 same = r["outputs"] == base["outputs"]
                 speedup = r["decode_tok_s"] / base["decode_tok_s"]
@@ -128,7 +156,8 @@ def main() -> None:
                 rows.append(dict(task=task, batch=batch, speculation=name, identical=same, speedup=speedup,
                                  **{k: v for k, v in r.items() if k != "outputs"}))
     out = args.out or result_folder("speculative") / "speculative.json"
-    out.write_text(json.dumps(dict(machine=machine, dtype=args.dtype, max_tokens=MAX_TOKENS, rows=rows), indent=1))
+    out.write_text(json.dumps(dict(machine=machine, model=model, dtype=args.dtype, quant=args.quant,
+                                   max_tokens=args.max_tokens, rows=rows), indent=1))
     print(f"wrote {out}")
 
 

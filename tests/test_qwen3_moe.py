@@ -155,8 +155,10 @@ def test_a_config_that_disagrees_with_the_weights_is_named_at_load(small_moe, tm
 def test_int4_quantizes_the_experts_and_keeps_the_router_float(small_moe, backend):
     llm = LLM(str(small_moe), backend=backend, quant="int4")
     moe = llm.parts.executor.layers[0].mlp
-    assert all("Int4" in type(linear).__name__ or "Quantized" in type(linear).__name__ for linear in moe.linears())
-    assert len(moe.linears()) == (4 * 2 if backend == "torch" else 4 * 3)  # torch merges gate and up
+    experts = [linear for expert in moe.experts for linear in expert.linears()]
+    assert all("Int4" in type(linear).__name__ or "Quantized" in type(linear).__name__ for linear in experts)
+    assert len(experts) == (4 * 2 if backend == "torch" else 4 * 3)  # torch merges gate and up
+    assert "float32" in str(moe.router.dtype)  # torch: a float32 linear layer beside the experts
     out = llm.generate([llm.tokenizer.encode("The quick brown fox")], SamplingParams(max_tokens=8, ignore_eos=True))[0]
     assert len(out.token_ids) == 8
 
@@ -167,7 +169,8 @@ def test_the_start_up_plan_says_what_a_token_reads(small_moe, backend):
 
     llm = LLM(str(small_moe), backend=backend)
     executor = llm.parts.executor
-    experts = sum(linear.nbytes() for layer in executor.layers for linear in layer.mlp.linears())
+    experts = sum(linear.nbytes() for layer in executor.layers for expert in layer.mlp.experts
+                  for linear in expert.linears())
     assert executor.active_weight_bytes() == executor.weight_bytes() - experts * (4 - 2) // 4  # 2 of 4 experts skipped
     line = next(x for x in format_memory_plan(llm.parts, "float32", "none").splitlines() if x.startswith("weights"))
     assert f"{executor.active_weight_bytes() / 2**20:,.1f} MiB read per decoded token" in line
@@ -220,7 +223,7 @@ def int4_moe(small_moe):
 def test_the_fused_int4_experts_equal_the_per_expert_run(int4_moe, route, tokens):
     moe, ops = int4_moe
     rng = np.random.default_rng(tokens)
-    x = torch.from_numpy(rng.standard_normal((tokens, moe.router.shape[1])).astype(np.float32))
+    x = torch.from_numpy(rng.standard_normal((tokens, moe.router.in_features)).astype(np.float32))
     chosen = torch.from_numpy(FUSED_ROUTES[route](rng, tokens))
     weights = torch.from_numpy(rng.uniform(0.1, 1.0, chosen.shape).astype(np.float32))
     got = moe.fused(x, weights, chosen)
@@ -244,6 +247,6 @@ def per_token_swiglu(dense, x, weights, chosen):
 
 def test_the_fused_experts_refuse_an_expert_out_of_range(int4_moe):
     moe, _ = int4_moe
-    x = torch.zeros(1, moe.router.shape[1])
+    x = torch.zeros(1, moe.router.in_features)
     with pytest.raises(RuntimeError, match="expert 4 is not one of the 4"):
         moe.fused(x, torch.ones(1, 2), torch.tensor([[0, 4]]))

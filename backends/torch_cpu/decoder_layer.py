@@ -21,6 +21,7 @@ from .attention import CachedAttention
 from .fused_experts import FusedExperts
 from .gated_deltanet import GatedDeltaNetLayer
 from .layer_ops import LayerOps
+from .linear import DenseLinear
 from .merged_linear import MergedLinear
 from .step_layout import StepLayout
 
@@ -123,25 +124,30 @@ class SparseMoELayer:
 
     def __init__(self, kind: SparseMoE, weights: LayerWeights) -> None:
         self.kind = kind
-        self.router = weights.tensors.take_router(weights.prefix, kind).float()
+        # float32 through the float32 kernel once prepacked, as linear attention's gates: a row's
+        # routing does not depend on how many rows the step has
+        self.router = DenseLinear(weights.tensors.take_router(weights.prefix, kind).float())
         self.experts = [SwiGLU(weights, f"{kind.prefix}.{kind.expert(e)}") for e in range(kind.num_experts)]
         self.fused = FusedExperts.for_experts(self.experts, kind.intermediate_size)  # None: one by one
         self.shared, self.shared_gate = None, None
         if kind.shared_expert_size:
             self.shared = SwiGLU(weights, f"{kind.prefix}.{kind.shared}")
-            self.shared_gate = weights.tensors.take(f"{weights.prefix}.{kind.prefix}.{kind.shared_gate}.weight").float()
+            self.shared_gate = DenseLinear(
+                weights.tensors.take(f"{weights.prefix}.{kind.prefix}.{kind.shared_gate}.weight").float())
 
     def linears(self) -> list:
         experts = self.experts + ([self.shared] if self.shared is not None else [])
-        return [linear for expert in experts for linear in expert.linears()]
+        gates = [self.router] + ([self.shared_gate] if self.shared_gate is not None else [])
+        return [linear for expert in experts for linear in expert.linears()] + gates
 
     def projections(self) -> Iterator[tuple[str, object, str]]:
         for expert in self.experts + ([self.shared] if self.shared is not None else []):
             yield from expert.projections()
 
     def norms(self) -> list[torch.Tensor]:
-        """The float tensors beside the linears, as weight_bytes counts them."""
-        return [self.router] + ([self.shared_gate] if self.shared_gate is not None else [])
+        """The float tensors beside the linears, as weight_bytes counts them (the router and the
+        shared expert's gate are among the linears)."""
+        return []
 
     def __call__(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
         weights, chosen = route(self.router, x, self.kind.top_k, self.kind.normalize_top_k)
@@ -150,14 +156,15 @@ class SparseMoELayer:
         else:
             out = run_experts_grouped(self.experts, x, weights, chosen, ops)
         if self.shared is not None:
-            out += torch.sigmoid(torch.nn.functional.linear(x.float(), self.shared_gate)) * self.shared(x, ops)
+            out += torch.sigmoid(self.shared_gate(x.float())) * self.shared(x, ops)
         return out
 
 
-def route(router: torch.Tensor, x: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def route(router, x: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights, experts) [T, top_k]: the top_k experts by softmax probability, most probable
-    first, their probabilities renormalized to sum to 1 when `normalize`. float32 throughout."""
-    probs = torch.softmax(torch.nn.functional.linear(x.float(), router), dim=-1)
+    first, their probabilities renormalized to sum to 1 when `normalize`. float32 throughout
+    (router: a float32 linear layer)."""
+    probs = torch.softmax(router(x.float()), dim=-1)
     weights, chosen = torch.topk(probs, top_k, dim=-1)
     return (weights / weights.sum(dim=-1, keepdim=True) if normalize else weights), chosen
 

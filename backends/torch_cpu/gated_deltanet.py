@@ -4,7 +4,9 @@ delta rule in float32 (delta_rule.py) from the state its slot holds, written bac
 
 Decoding sequences step together: one C++ call (kernels/delta_rule.cpp) that updates their states
 where the backend's storage keeps them, or else batched torch ops through StateStorage.read and
-write. Each prefill chunk runs the chunked form in torch ops."""
+write. A chunk that ends in speculative drafts steps the same way, a row per call, so verifying
+computes what decoding would; the states a rewind may return to are copied out between calls.
+Each prefill chunk runs the chunked form in torch ops."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,10 +22,21 @@ from qwen_serve.protocols import RecurrentState, StepBatch
 
 from . import delta_rule
 from .layer_ops import LayerOps, float_rows, rms_norm
+from .linear import DenseLinear
 from .state_storage import TorchStateStorage
 
 IN_PROJ = ("in_proj_qkv", "in_proj_z")
 DELTA_RULE_BLOCK = 64  # tokens per block of the chunked form
+
+
+@dataclass
+class DecodeStep:
+    """One row of each stepping chunk (decodes, and the next row of each drafted chunk)."""
+
+    chunks: torch.Tensor  # the chunks taking part
+    rows: torch.Tensor  # their rows in the step
+    fresh: torch.Tensor  # bool per chunk: its state starts at zeros
+    copies: list[tuple[int, int]]  # (chunk, slot): after this row, the chunk's state is also kept in slot
 
 
 @dataclass
@@ -33,8 +46,8 @@ class StateLayout:
     slots: torch.Tensor  # [chunks] each chunk's state slot
     fresh: torch.Tensor  # [chunks] bool: the chunk starts its sequence, so its state starts at zeros
     rows: list[slice]  # each chunk's rows in the step
-    decodes: torch.Tensor  # indices of the one-row chunks
-    decode_rows: torch.Tensor  # their rows
+    steps: list[DecodeStep]  # the stepping chunks' rows, in order
+    chunked: list[int]  # the prefill chunks (more than one row, no drafts): the chunked form
     snapshots: list[list[tuple[int, int]]]  # each chunk's (rows in, slot): copy the state after that many rows
 
 
@@ -43,14 +56,22 @@ def state_layout(batch: StepBatch, cache: RecurrentState) -> StateLayout:
     for chunk in batch.chunks:
         rows.append(slice(first, first + len(chunk.token_ids)))
         first += len(chunk.token_ids)
-    decodes = [i for i, r in enumerate(rows) if r.stop - r.start == 1]
     snapshots = [chunk_snapshots(cache, c) for c in batch.chunks]
+    stepping = [i for i, c in enumerate(batch.chunks) if len(c.token_ids) == 1 or c.num_draft]
+    steps = []
+    for r in range(max((len(batch.chunks[i].token_ids) for i in stepping), default=0)):
+        taking = [i for i in stepping if len(batch.chunks[i].token_ids) > r]
+        steps.append(DecodeStep(
+            chunks=torch.tensor(taking, dtype=torch.long),
+            rows=torch.tensor([rows[i].start + r for i in taking], dtype=torch.long),
+            fresh=torch.tensor([r == 0 and batch.chunks[i].start == 0 for i in taking], dtype=torch.bool),
+            copies=[(i, slot) for i in taking for after, slot in snapshots[i] if after == r + 1]))
     return StateLayout(
         slots=torch.tensor([cache.state_slot(c.seq_id) for c in batch.chunks], dtype=torch.long),
         fresh=torch.tensor([c.start == 0 for c in batch.chunks], dtype=torch.bool),
         rows=rows,
-        decodes=torch.tensor(decodes, dtype=torch.long),
-        decode_rows=torch.tensor([rows[i].start for i in decodes], dtype=torch.long),
+        steps=steps,
+        chunked=[i for i in range(len(batch.chunks)) if i not in set(stepping)],
         snapshots=snapshots,
     )
 
@@ -75,18 +96,21 @@ class GatedDeltaNetLayer:
         self.in_proj = weights.merged(kind.prefix, IN_PROJ, ())
         self.out_proj = weights.linear(kind.prefix, "out_proj", False)
         take = lambda name: tensors.take(f"{self.prefix}.{name}").float()  # noqa: E731
-        self.gates = torch.cat([take("in_proj_a.weight"), take("in_proj_b.weight")])  # [2 * value heads, hidden]
+        # [2 * value heads, hidden], float32 through the float32 kernel once prepacked: a row's gates
+        # do not depend on how many rows the step has (torch's GEMM would), so verifying drafts
+        # computes what decoding would
+        self.gates = DenseLinear(torch.cat([take("in_proj_a.weight"), take("in_proj_b.weight")]))
         self.conv = take("conv1d.weight").reshape(kind.conv_channels, kind.conv_kernel)
         self.decay_rate = -take("A_log").exp()  # g = decay_rate * softplus(a + dt_bias)
         self.dt_bias = take("dt_bias")
         self.out_norm = take("norm.weight")
 
     def linears(self) -> list:
-        return [self.in_proj.linear, self.out_proj]
+        return [self.in_proj.linear, self.out_proj, self.gates]
 
     def norms(self) -> list[torch.Tensor]:
         """The float tensors beside the linears, as weight_bytes counts them."""
-        return [self.gates, self.conv, self.decay_rate, self.dt_bias, self.out_norm]
+        return [self.conv, self.decay_rate, self.dt_bias, self.out_norm]
 
     def projections(self) -> Iterator[tuple[str, object, str]]:
         for name in self.in_proj.names:
@@ -97,26 +121,29 @@ class GatedDeltaNetLayer:
                  ops: LayerOps, attention) -> torch.Tensor:
         kind, T, layout = self.kind, x.shape[0], step.states
         mixed, z = self.in_proj(x)  # column slices of one output
-        a, b = F.linear(x.float(), self.gates).split(kind.num_value_heads, dim=-1)
+        a, b = self.gates(x.float()).split(kind.num_value_heads, dim=-1)
         g = self.decay_rate * F.softplus(a + self.dt_bias)  # [T, value heads], the log of each decay
         beta = torch.sigmoid(b)
         out = torch.empty(T, kind.num_value_heads * kind.value_dim)
         storage, eps = cache.state_storage, config.rms_norm_eps
-        if layout.decodes.numel():
-            rows, chunks = layout.decode_rows, layout.decodes
-            if ops.ops is not None and type(storage) is TorchStateStorage and float_rows(mixed, z):
+        in_kernel = ops.ops is not None and type(storage) is TorchStateStorage and float_rows(mixed, z)
+        for step_rows in layout.steps:
+            rows, slots = step_rows.rows, layout.slots[step_rows.chunks]
+            if in_kernel:
                 out[rows] = ops.ops.gated_delta_decode_(
-                    mixed[rows], z[rows], self.conv, storage.conv_history[index], storage.recurrent[index], layout.slots[chunks],
-                    layout.fresh[chunks], g[rows].exp(), beta[rows], self.out_norm, kind.num_key_heads, eps)
+                    mixed[rows], z[rows], self.conv, storage.conv_history[index], storage.recurrent[index], slots,
+                    step_rows.fresh, g[rows].exp(), beta[rows], self.out_norm, kind.num_key_heads, eps)
             else:
-                out[rows] = in_torch_ops(kind, self.conv, self.out_norm, storage, index, layout.slots[chunks],
-                                         layout.fresh[chunks], mixed[rows], z[rows], g[rows], beta[rows], eps,
-                                         chunked=False)
-        for i, rows in enumerate(layout.rows):
-            if rows.stop - rows.start > 1:
-                out[rows] = in_torch_ops(kind, self.conv, self.out_norm, storage, index, layout.slots[i:i + 1],
-                                         layout.fresh[i:i + 1], mixed[rows], z[rows], g[rows], beta[rows], eps,
-                                         chunked=True, snapshots=layout.snapshots[i])
+                out[rows] = in_torch_ops(kind, self.conv, self.out_norm, storage, index, slots, step_rows.fresh,
+                                         mixed[rows], z[rows], g[rows], beta[rows], eps, chunked=False)
+            if step_rows.copies:  # states a rewind may return to, or prefix-cache snapshots
+                held = storage.read(index, layout.slots[[chunk for chunk, _ in step_rows.copies]])
+                storage.write(index, torch.tensor([slot for _, slot in step_rows.copies]), *held)
+        for i in layout.chunked:
+            rows = layout.rows[i]
+            out[rows] = in_torch_ops(kind, self.conv, self.out_norm, storage, index, layout.slots[i:i + 1],
+                                     layout.fresh[i:i + 1], mixed[rows], z[rows], g[rows], beta[rows], eps,
+                                     chunked=True, snapshots=layout.snapshots[i])
         return self.out_proj(out)
 
 

@@ -6,6 +6,10 @@ A decode row's position and write slot are two integers, so a decode-only step b
 its tensors once from Python lists (a tensor per chunk took ~0.35 ms of a 17 ms single-stream
 step); the gathered histories of the generic decode path are built only when a layer asks.
 
+A chunk that ends in speculative drafts is laid out as decodes, one per row (each attends to the
+positions up to its own), so a verified token's logits come from the same arithmetic as decoding
+it would have used: greedy output then equals decoding without speculation token for token.
+
 A SlidingWindow cache holds only each sequence's last ``window`` positions: histories then start
 at the window (``cache.window_start``) and prefill masks exclude keys that left it."""
 from __future__ import annotations
@@ -89,11 +93,14 @@ def build_layout(batch: StepBatch, cache: KVCache) -> StepLayout:
         stop = chunk.start + n
         first = cache.window_start(chunk.start) if window is not None else 0
         table = cache.block_table(chunk.seq_id)
-        if n == 1:
-            positions.append(chunk.start)
-            write_slots.append(table[chunk.start // bs] * bs + chunk.start % bs)
-            decode_rows.append(row)
-            decodes.append(DecodeHistory(table, first, stop))  # a window's history is all visible to its one query
+        if n == 1 or chunk.num_draft:  # a drafted chunk's rows attend as decodes: verifying keeps decoding's numerics
+            for i, position in enumerate(range(chunk.start, stop)):
+                positions.append(position)
+                write_slots.append(table[position // bs] * bs + position % bs)
+                decode_rows.append(row + i)
+                # a window's history is all visible to its one query
+                visible = cache.window_start(position) if window is not None else 0
+                decodes.append(DecodeHistory(table, visible, position + 1))
         else:
             slots = slots_for(table, bs, stop, first)
             positions.extend(range(chunk.start, stop))

@@ -34,14 +34,11 @@ class DraftHeadLayers:
         self.kv_layers = config.mixer_indices()[first:]  # each draft layer's KV layer
 
     def linears(self) -> list:
-        return [self.fc] + [linear for layer in self.layers for linear in layer.linears()]
+        """What the head holds beside its decoder layers (the model walks those with its own)."""
+        return [self.fc]
 
     def norms(self) -> list[torch.Tensor]:
-        return [self.embedding_norm, self.hidden_norm, self.norm] + [t for layer in self.layers for t in layer.norms()]
-
-    def projections(self):
-        for layer in self.layers:
-            yield from layer.projections()
+        return [self.embedding_norm, self.hidden_norm, self.norm]
 
     def __call__(self, embedded: torch.Tensor, hidden: torch.Tensor, cos, sin, cache, step, config: ModelConfig,
                  ops, attention) -> torch.Tensor:

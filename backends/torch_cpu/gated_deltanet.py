@@ -58,6 +58,7 @@ def state_layout(batch: StepBatch, cache: RecurrentState) -> StateLayout:
         first += len(chunk.token_ids)
     snapshots = [chunk_snapshots(cache, c) for c in batch.chunks]
     stepping = [i for i, c in enumerate(batch.chunks) if len(c.token_ids) == 1 or c.num_draft]
+    chunked = [i for i, c in enumerate(batch.chunks) if len(c.token_ids) > 1 and not c.num_draft]
     steps = []
     for r in range(max((len(batch.chunks[i].token_ids) for i in stepping), default=0)):
         taking = [i for i in stepping if len(batch.chunks[i].token_ids) > r]
@@ -71,7 +72,7 @@ def state_layout(batch: StepBatch, cache: RecurrentState) -> StateLayout:
         fresh=torch.tensor([c.start == 0 for c in batch.chunks], dtype=torch.bool),
         rows=rows,
         steps=steps,
-        chunked=[i for i in range(len(batch.chunks)) if i not in set(stepping)],
+        chunked=chunked,
         snapshots=snapshots,
     )
 

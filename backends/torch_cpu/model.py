@@ -86,7 +86,7 @@ class DecoderModel:
     def linears(self) -> list:
         """Every weight-holding layer once: the embedding, the head (a tied head is the same
         object) and each decoder layer's projections."""
-        every = [self.embed, self.lm_head] + [linear for layer in self.layers for linear in layer.linears()]
+        every = [self.embed, self.lm_head] + [linear for layer in self.built_layers() for linear in layer.linears()]
         every += self.draft_head.linears() if self.draft_head is not None else []
         return list({id(linear): linear for linear in every if linear is not None}.values())
 
@@ -96,7 +96,7 @@ class DecoderModel:
 
     def weight_bytes(self) -> int:
         total = sum(lin.nbytes() for lin in self.linears())
-        norms = [self.norm] + [t for layer in self.layers for t in layer.norms()]
+        norms = [self.norm] + [t for layer in self.built_layers() for t in layer.norms()]
         norms += self.draft_head.norms() if self.draft_head is not None else []
         return total + sum(t.numel() * t.element_size() for t in norms)
 

@@ -6,12 +6,14 @@ its outputs; /metrics reads the latest snapshot. Nothing else of the engine reac
 """
 from __future__ import annotations
 
-from typing import AsyncGenerator, Protocol, Sequence
+from contextlib import AbstractContextManager
+from typing import AsyncGenerator, Protocol, Sequence, runtime_checkable
 
 from ..models.config import ModelConfig
 from ..sampling.params import SamplingParams
 from .engine import RequestOutput
 from .stats import EngineSnapshot
+from .view import EngineView
 
 
 class RequestChecks(Protocol):
@@ -47,3 +49,13 @@ class EngineClient(Protocol):
 
     def is_alive(self) -> bool:
         """False once the engine can serve nothing more (/health then says "dead")."""
+
+
+@runtime_checkable
+class ShowsEngineView(Protocol):
+    """An engine client that can show the live engine view (/engine): AsyncEngine."""
+
+    view: EngineView | None  # the latest, while watched
+
+    def watch(self) -> AbstractContextManager[None]:
+        """While open, ``view`` is kept fresh."""

@@ -13,6 +13,8 @@ import heapq
 from collections import OrderedDict
 from typing import Iterable
 
+from ..protocols import BlockMap
+
 BlockHash = bytes
 
 
@@ -26,6 +28,7 @@ class BlockPool:
         self._fresh = list(range(num_blocks))  # a min-heap (sorted list is a valid heap)
         self._evictable: OrderedDict[int, None] = OrderedDict()  # head = evict first
         self.cached_block_hash_to_block: dict[BlockHash, int] = {}
+        self.copied: set[int] = set()  # in-use blocks that are a copy-on-write copy (for describe())
 
     # --- counts -------------------------------------------------------------------------
     @property
@@ -81,10 +84,25 @@ class BlockPool:
                 raise ValueError(f"block {block} released more times than it was held")
             self.ref_cnt[block] -= 1
             if self.ref_cnt[block] == 0:
+                self.copied.discard(block)
                 if self.block_hash[block] is not None:
                     self._evictable[block] = None
                 else:
                     heapq.heappush(self._fresh, block)
+
+    def describe(self) -> BlockMap:
+        """Each block's state (see BlockMap)."""
+        letters: list[str] = []
+        shared: dict[int, int] = {}
+        for block, refs in enumerate(self.ref_cnt):
+            if refs == 0:
+                letters.append(BlockMap.FREE if self.block_hash[block] is None else BlockMap.CACHED)
+            elif refs > 1:
+                letters.append(BlockMap.SHARED)
+                shared[block] = refs
+            else:
+                letters.append(BlockMap.COPIED if block in self.copied else BlockMap.IN_USE)
+        return BlockMap("".join(letters), shared)
 
     # --- prefix cache -------------------------------------------------------------------
     def publish(self, block: int, block_hash: BlockHash) -> bool:

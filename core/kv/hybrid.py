@@ -27,6 +27,8 @@ from functools import cache
 from typing import Any, Sequence
 
 from ..protocols import (
+    BlockMap,
+    DescribesBlocks,
     Forking,
     KVCache,
     KVUsage,
@@ -249,6 +251,15 @@ class PrefixCachingHybridCache(HybridCache):
                 self._snapshots[block_hash] = slot
 
 
+class DescribingHybridCache(HybridCache):
+    """A HybridCache over a cache that can draw its blocks (the state slots are in usage())."""
+
+    kv: DescribesBlocks
+
+    def describe_blocks(self) -> BlockMap:
+        return self.kv.describe_blocks()
+
+
 def chunk_snapshots(cache: RecurrentState, chunk: ScheduledChunk) -> list[tuple[int, int]]:
     """(rows of the chunk, slot) for each state a prefill chunk leaves for the prefix cache (the
     state after that many of its rows goes into slot); none for a decode. Every backend's
@@ -261,7 +272,7 @@ def chunk_snapshots(cache: RecurrentState, chunk: ScheduledChunk) -> list[tuple[
 
 
 ABILITIES = ((Forking, ForkingHybridCache), (PrefixCaching, PrefixCachingHybridCache),
-             (Rewinding, RewindingHybridCache))
+             (Rewinding, RewindingHybridCache), (DescribesBlocks, DescribingHybridCache))
 
 
 def with_recurrent_state(kv: KVCache, state_storage: StateStorage, live_slots: int,
@@ -270,9 +281,9 @@ def with_recurrent_state(kv: KVCache, state_storage: StateStorage, live_slots: i
     snapshot_slots > 0) up to snapshot_slots states at block boundaries for prefix caching; (if
     kv rewinds and draft_slots > 0) draft_slots states per live sequence to roll back rejected
     drafts. The wrapper implements Forking, PrefixCaching and Rewinding only where it offers
-    them, so the engine, the memory plan and the conformance checks read what it does from its
-    type."""
-    offered = {Forking: True, PrefixCaching: snapshot_slots > 0, Rewinding: draft_slots > 0}
+    them (and DescribesBlocks where kv does), so the engine, the memory plan and the conformance
+    checks read what it does from its type."""
+    offered = {Forking: True, PrefixCaching: snapshot_slots > 0, Rewinding: draft_slots > 0, DescribesBlocks: True}
     kinds = tuple(kind for ability, kind in ABILITIES if isinstance(kv, ability) and offered[ability])
     return _composed(kinds)(kv, state_storage, live_slots, snapshot_slots if PrefixCachingHybridCache in kinds else 0,
                             draft_slots if RewindingHybridCache in kinds else 0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..protocols import KVStorage, KVUsage
+from ..protocols import BlockMap, KVStorage, KVUsage
 
 
 class NaiveKVCache:
@@ -51,6 +51,13 @@ class NaiveKVCache:
 
     def reserved_tokens(self, seq_id: int) -> int:
         return self._runs.get(seq_id, (0, 0))[1] * self.block_size
+
+    def describe_blocks(self) -> BlockMap:
+        """Each run in use from its first block, whatever its tokens fill (that is what it costs)."""
+        states = [BlockMap.FREE] * self.num_blocks
+        for first, count in self._runs.values():
+            states[first:first + count] = BlockMap.IN_USE * count
+        return BlockMap("".join(states), {})
 
     def block_table(self, seq_id: int) -> Sequence[int]:
         first, count = self._runs.get(seq_id, (0, 0))

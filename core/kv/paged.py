@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..protocols import KVStorage, KVUsage
+from ..protocols import BlockMap, KVStorage, KVUsage
 from .block_hash import ROOT_HASH, chain_hashes
 from .block_pool import BlockPool
 
@@ -56,6 +56,7 @@ class PagedKVCache:
             self.storage.copy_block(table[i], copy)
             self.pool.release([table[i]])
             table[i] = copy
+            self.pool.copied.add(copy)
             self.cow_copies += 1
         table.extend(fresh)
         return True
@@ -78,6 +79,9 @@ class PagedKVCache:
 
     def block_table(self, seq_id: int) -> Sequence[int]:
         return self._tables.get(seq_id, ())
+
+    def describe_blocks(self) -> BlockMap:
+        return self.pool.describe()
 
     def sequence_ids(self) -> list[int]:
         return list(self._tables)

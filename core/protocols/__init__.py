@@ -19,6 +19,8 @@ from .backend import (
 )
 from .batch import SampleResult, ScheduledChunk, StepBatch
 from .kv import (
+    BlockMap,
+    DescribesBlocks,
     Forking,
     KVCache,
     KVStorage,
@@ -34,7 +36,7 @@ from .speculative import DraftHead, DraftRequest, DraftVerifying, Proposer, Prop
 from .state import HoldsRecurrentState, RecurrentState, StateStorage
 
 __all__ = [
-    "Backend", "Calibratable", "ChoosesKVDtype", "ChoosesKernels", "ReadsRoutedExperts", "Completing", "DraftHead", "DraftRequest", "DraftVerifying", "Forking", "HoldsRecurrentState",
+    "BlockMap", "DescribesBlocks", "Backend", "Calibratable", "ChoosesKVDtype", "ChoosesKernels", "ReadsRoutedExperts", "Completing", "DraftHead", "DraftRequest", "DraftVerifying", "Forking", "HoldsRecurrentState",
     "KVCache", "KVStorage", "KVUsage", "LogitsProcessor", "LogitsRequest", "LogitsState", "LossyKV",
     "ModelExecutor", "Pools", "PrefixCaching", "Proposer", "ProposesFromHiddenStates", "QuantizedLinear", "RecurrentState", "ReservesAhead", "Rewinding", "SampleResult",
     "Sampler", "ScheduledChunk", "SlidingWindow", "StateStorage", "StepBatch", "TakesRequestArgs",

@@ -1,6 +1,6 @@
 """What a KV cache is (KVStorage, KVCache) and the optional abilities the engine asks a cache
 for with isinstance: prefix caching, forking, rewinding, a sliding window, lossy storage,
-reserving ahead."""
+reserving ahead, describing its blocks."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -143,3 +143,28 @@ class ReservesAhead(Protocol):
     used blocks exceed the blocks its tokens fill (the cost paging removes)."""
 
     def reserved_tokens(self, seq_id: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class BlockMap:
+    """Every block's state at one moment, one letter a block (block id = index), for the engine
+    view: FREE, CACHED (only the prefix cache holds it: reusable by eviction), IN_USE (one
+    holder), SHARED (several holders; ``shared_refs`` gives their count) or COPIED (a sequence's
+    private copy made by copy-on-write)."""
+
+    FREE = "."
+    CACHED = "c"
+    IN_USE = "u"
+    SHARED = "s"
+    COPIED = "w"
+
+    states: str
+    shared_refs: dict[int, int]  # block -> holders, for the SHARED blocks
+
+
+@runtime_checkable
+class DescribesBlocks(Protocol):
+    """A cache that can draw its block pool (the engine view at /engine). Called on the engine
+    thread between steps, only while someone watches."""
+
+    def describe_blocks(self) -> BlockMap: ...

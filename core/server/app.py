@@ -47,10 +47,12 @@ from .connections import (
     GuardedSite,
     ServerLog,
 )
+from .engine_stream import EngineStream
 from .error_replies import error_reply
 from .lifecycle import Lifecycle, lifecycle_gate
 from .metrics import ServerMetrics
 from .openapi import openapi_document
+from .page import ASSET_PREFIX, Page, wants_page
 from .prometheus import ConnectionGauges, EngineGauges, RequestMetrics
 
 log = logging.getLogger("qwen_serve.http")
@@ -58,8 +60,8 @@ MAX_BODY_BYTES = 4 * 2**20
 # aiohttp reads and discards an unanswered body for 10 s by default, so a client sending it sees
 # the answer rather than a reset; a stranger refused with a 401 should cost no more than a moment.
 UNREAD_BODY_LINGER_S = 2.0
-METRICS_PATHS = ("/metrics", "/metrics/prometheus")
-ALWAYS_OPEN = ("/", "/health", "/openapi.json")
+METRICS_PATHS = ("/metrics", "/metrics/prometheus", "/engine/stream")
+ALWAYS_OPEN = ("/", "/engine", "/health", "/openapi.json")  # and the page's files under ASSET_PREFIX
 FAILURE_CODES = {EngineDead: "engine_dead", QueueTimeout: "queue_timeout", ShuttingDown: "shutting_down"}
 
 
@@ -95,6 +97,17 @@ class ServerOptions:
     reasoning_budget: int | None = None  # tokens a think block may take unless a request says; None: no cap
 
 
+@dataclass(frozen=True)
+class Paths:
+    """Paths named exactly, and every path under the prefixes (``path in paths``)."""
+
+    exact: tuple[str, ...]
+    prefixes: tuple[str, ...] = ()
+
+    def __contains__(self, path: object) -> bool:
+        return isinstance(path, str) and (path in self.exact or path.startswith(self.prefixes))
+
+
 def is_generation(request: web.Request) -> bool:
     """The requests admission counts: every POST under /v1/."""
     return request.method == "POST" and request.path.startswith("/v1/")
@@ -117,6 +130,8 @@ class ChatServer:
         self.metrics: ServerMetrics | None = None
         self.served: ServedModel | None = None
         self.responses_store = ResponseStore(int(options.responses_store_mb * 2**20))
+        self.page = Page()
+        self.engine_stream: EngineStream | None = None
 
     def attach(self, engine: EngineClient, tokenizer: Tokenizer, info: ServerInfo, request_metrics: RequestMetrics,
                chat_format: ChatFormat | None = None, sampling_defaults: SamplingDefaults = SamplingDefaults()) -> None:
@@ -128,15 +143,17 @@ class ChatServer:
                                   self.metrics, keepalive_s=self.options.keepalive_s,
                                   write_timeout_s=self.options.request_timeout_s, sampling_defaults=sampling_defaults,
                                   reasoning_budget=self.options.reasoning_budget)
+        self.engine_stream = EngineStream(engine, self._server_figures, self.options.request_timeout_s)
         self.lifecycle.ready(engine)
 
     def make_app(self) -> web.Application:
-        open_paths = ALWAYS_OPEN + (METRICS_PATHS if self.options.metrics_public else ())
+        always_open = Paths(ALWAYS_OPEN, (ASSET_PREFIX,))
+        open_paths = Paths(ALWAYS_OPEN + (METRICS_PATHS if self.options.metrics_public else ()), (ASSET_PREFIX,))
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[
             self.connections.middleware(),
             self.api_errors,
             require_api_key(self.options.api_keys, open_paths),
-            lifecycle_gate(self.lifecycle, ALWAYS_OPEN, METRICS_PATHS),
+            lifecycle_gate(self.lifecycle, always_open, METRICS_PATHS),
             read_body_first(self.options.request_timeout_s),
             self.admission.middleware(is_generation),
         ])
@@ -146,6 +163,8 @@ class ChatServer:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics_endpoint)
         app.router.add_get("/metrics/prometheus", self.metrics_prometheus)
+        app.router.add_get("/engine/stream", self.engine_view)
+        self.page.add_routes(app)
         app.router.add_post("/v1/chat/completions", self._handler(lambda served: ChatCompletions(served).handle))
         app.router.add_post("/v1/completions", self._handler(lambda served: Completions(served).handle))
         app.router.add_post("/v1/messages", self._handler(lambda served: Messages(served).create))
@@ -223,6 +242,8 @@ class ChatServer:
         return Responses(served, self.responses_store)
 
     async def root(self, request: web.Request) -> web.Response:
+        if wants_page(request):
+            return await self.page.index(request)
         return json_response({"name": "qwen-serve", "openapi": "/openapi.json", "health": "/health"})
 
     async def health(self, request: web.Request) -> web.Response:
@@ -250,6 +271,15 @@ class ChatServer:
         if "text/plain" in accept and "application/json" not in accept:
             return await self.metrics_prometheus(request)
         return json_response(self.metrics.as_json())
+
+    async def engine_view(self, request: web.Request) -> web.StreamResponse:
+        return await self.engine_stream.handle(request)
+
+    def _server_figures(self) -> dict:
+        """What the engine view shows beside the engine's own figures."""
+        metrics = self.metrics.as_json()
+        return {"requests_total": metrics["requests_total"], "ttft_ms": metrics["ttft_ms"], "tpot_ms": metrics["tpot_ms"],
+                "rejected": dict(self.request_metrics.rejections), "model": self.info.model}
 
     async def metrics_prometheus(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.prometheus_text(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-from typing import Collection, Iterable, Mapping
+from typing import Container, Iterable, Mapping
 
 from aiohttp import web
 
@@ -41,7 +41,7 @@ def keys_from(flags: Iterable[str] | None, env_value: str | None) -> ApiKeys:
     return ApiKeys([*(flags or ()), *from_env])
 
 
-def require_api_key(keys: ApiKeys, open_paths: Collection[str]):
+def require_api_key(keys: ApiKeys, open_paths: Container[str]):
     """Middleware: without keys, everything is open."""
 
     @web.middleware

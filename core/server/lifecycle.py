@@ -7,7 +7,7 @@ thread has died. Only "ok" serves requests; /health and the OpenAPI document alw
 """
 from __future__ import annotations
 
-from typing import Collection
+from typing import Container
 
 from aiohttp import web
 
@@ -49,7 +49,7 @@ def unavailable(request: web.Request, status: str, detail: str | None = None) ->
     return error_reply(request, 503, message, type_="server_error", code=status, headers=headers)
 
 
-def lifecycle_gate(lifecycle: Lifecycle, always_open: Collection[str], open_once_loaded: Collection[str]):
+def lifecycle_gate(lifecycle: Lifecycle, always_open: Container[str], open_once_loaded: Container[str]):
     """Middleware: 503 with the status as error code unless the server is "ok" or the path
     answers in every state."""
 

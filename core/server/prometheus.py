@@ -55,10 +55,12 @@ class RequestMetrics:
                                  "Requests refused before running: queue_full (HTTP 429), queue_timeout (503).",
                                  ["model_name", "reason"], registry=registry)
         self.model_name = model_name
+        self.rejections: dict[str, int] = {}  # by reason, as the counter has them (for the engine view)
         self.mean_e2e_s: float | None = None  # smoothed, for Retry-After
 
     def rejected(self, reason: str) -> None:
         self._rejected.labels(self.model_name, reason).inc()
+        self.rejections[reason] = self.rejections.get(reason, 0) + 1
 
     # --- RequestObserver ----------------------------------------------------------------
     def on_first_token(self, record: RequestRecord) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from qwen_serve.kv.block_pool import BlockPool
 from qwen_serve.kv.memory import blocks_spanned
 from qwen_serve.kv.window import window_start
-from qwen_serve.protocols import KVStorage, KVUsage
+from qwen_serve.protocols import BlockMap, KVStorage, KVUsage
 
 RELEASED = -1  # block-table entry of a block that left the window
 
@@ -46,6 +46,9 @@ class SlidingWindowKVCache:
     # --- engine side --------------------------------------------------------------------
     def usage(self) -> KVUsage:
         return KVUsage(total=self.pool.num_blocks, used=self.pool.num_used, cached=0)
+
+    def describe_blocks(self) -> BlockMap:
+        return self.pool.describe()
 
     def can_fit(self, num_tokens: int) -> bool:
         return min(self._blocks_for(num_tokens), self.ring_blocks) <= self.pool.num_blocks

@@ -1,6 +1,7 @@
 """What watching costs: batch-8 decode measured by `qwen-serve bench` with the engine view's
 event stream (/engine/stream, what the page at /engine reads) closed and open, in alternating
-runs on one server, and the stream's bytes and frames per second while open.
+runs on one server (closed first in even pairs, open first in odd ones), the stream's bytes and
+frames per second while open, and what an idle server's stream sends.
 
     flock /work/cpu.lock python benchmarks/engine_view_cost.py                # SmolLM2, 2 pairs
     flock /work/cpu.lock python benchmarks/engine_view_cost.py --pairs 3 --model PATH --quant int4
@@ -80,14 +81,19 @@ def main() -> int:
     opened: list[dict] = []
     with RunningServer(command) as server, tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs):
-            closed.append(output_tok_s(run_bench("closed", server.url, Path(tmp), f"closed{pair}", BENCH,
-                                                 "engine view closed")))
-            with Watcher(server.port) as watcher:
-                tok_s = output_tok_s(run_bench("open", server.url, Path(tmp), f"open{pair}", BENCH, "engine view open"))
-            opened.append({"output_tok_s": tok_s, "bytes_per_s": watcher.bytes / watcher.seconds,
-                           "frames_per_s": watcher.frames / watcher.seconds, "seconds": watcher.seconds})
+            for watched in (False, True) if pair % 2 == 0 else (True, False):
+                if not watched:
+                    closed.append(output_tok_s(run_bench("closed", server.url, Path(tmp), f"closed{pair}", BENCH,
+                                                         "engine view closed")))
+                    continue
+                with Watcher(server.port) as watcher:
+                    tok_s = output_tok_s(run_bench("open", server.url, Path(tmp), f"open{pair}", BENCH,
+                                                   "engine view open"))
+                opened.append({"output_tok_s": tok_s, "bytes_per_s": watcher.bytes / watcher.seconds,
+                               "frames_per_s": watcher.frames / watcher.seconds, "seconds": watcher.seconds})
+        time.sleep(12)  # past the 10 s tokens/s window: nothing changes any more
         with Watcher(server.port) as idle:
-            time.sleep(10)
+            time.sleep(20)
     ratio = statistics.median(o["output_tok_s"] for o in opened) / statistics.median(closed)
     machine = describe_machine(measure_bandwidth=False)
     document = {"machine": machine, "server": command.argv, "bench": BENCH, "closed_tok_s": closed, "open": opened,

@@ -1,7 +1,9 @@
 """Check 5: 32 sequences of random length 1..512 use exactly sum(ceil(len/16)) blocks,
 used + free == total throughout, and every block comes back after release. On a hybrid geometry
 (linear-attention layers beside attention, as Qwen3.5's) the same holds for the KV blocks, and
-each live sequence holds exactly one recurrent-state slot, every one back after release.
+each live sequence holds exactly one recurrent-state slot, every one back after release. A cache
+that draws its blocks (DescribesBlocks, the engine view's grid) draws what it counts: one state a
+block, as many not free as it reports used.
 
 A cache that reserves each sequence's longest possible length (ReservesAhead, e.g. naive), or one
 that keeps only a window of each sequence (SlidingWindow), shows the difference on purpose: it
@@ -18,6 +20,7 @@ from qwen_serve.engine.builder import with_state_if_needed
 from qwen_serve.errors import ModelLoadError
 from qwen_serve.models.config import ModelConfig
 from qwen_serve.models.layers import Attention, DecoderLayer, DenseMLP, GatedDeltaNet
+from qwen_serve.protocols import BlockMap, DescribesBlocks
 
 from .requirements import holds_only_a_window, reserves_ahead
 
@@ -78,6 +81,10 @@ def grow_and_release(cache, bs: int, states: bool) -> tuple[int, int]:
         assert usage.used + usage.free == usage.total == POOL_BLOCKS
         if states:
             assert (usage.states_used, usage.states_total) == (live, states_total), "one state slot per live sequence"
+        if isinstance(cache, DescribesBlocks):
+            drawn = cache.describe_blocks().states
+            assert len(drawn) == usage.total, "describe_blocks draws another pool than usage() counts"
+            assert len(drawn) - drawn.count(BlockMap.FREE) == usage.used, "describe_blocks disagrees with usage().used"
 
     for seq_id, length in enumerate(lengths):
         prompt = max(1, length - rng.randint(0, min(length - 1, 40)))

@@ -99,7 +99,7 @@ def test_github_slug(heading: str, anchor: str) -> None:
 
 def test_readme_test_command_is_what_ci_runs() -> None:
     """README's second set-up command, one shell command per line joined by &&, is .ci/run's."""
-    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith(("python -m ", "npm "))]
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith(("python -m ", "npm ", "{ command -v "))]
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"```bash\n(python -m pip install -q -e .*?)```", readme, re.S)
     assert block, "README has no test command block starting with CI's install line"

@@ -238,6 +238,33 @@ def test_cluster_figures_json_and_prometheus(ray_server, smollm2_model_name):
     assert b"qwen_serve_cluster_prefix_hit_rate" in text and b'qwen_serve_replica_requests_total{replica="' in text
 
 
+def test_the_engine_view_shows_each_replica_while_watched(ray_server, smollm2_model_name):
+    """Per replica: each one that has served sends its own view through the ingress's stream,
+    and the watch streams do not count as load for the affinity router."""
+    with openai_client(ray_server) as client:
+        for i in range(4):  # different prompts: both replicas get some
+            client.chat.completions.create(model=smollm2_model_name, messages=user(f"{i} {WORDS[i]}"), max_tokens=2)
+    served = {r["replica"] for r in ray_server.cluster()["replicas"] if r["requests_total"]}
+    conn = ray_server.connection(timeout=60)
+    conn.request("GET", "/engine/stream")
+    response = conn.getresponse()
+    assert response.status == 200
+    frames: dict[str, dict] = {}
+    deadline = time.monotonic() + 60
+    while set(frames) != served:
+        assert time.monotonic() < deadline, (set(frames), served)
+        line = response.readline()
+        if line.startswith(b"data: "):
+            frame = json.loads(line[6:])
+            frames[frame["replica"]] = frame
+    conn.close()
+    for frame in frames.values():
+        assert frame["blocks"]["total"] == 512 and frame["cache"] == "PagedKVCache"
+        assert frame["snapshot"]["kv_blocks_total"] == 512 and frame["requests"] == []
+    with openai_client(ray_server) as client:  # still served as before
+        assert client.chat.completions.create(model=smollm2_model_name, messages=user("Hi"), max_tokens=2).choices
+
+
 # --- routing ------------------------------------------------------------------------------
 
 SYSTEMS, REQUESTS_PER_SYSTEM, POOL_BLOCKS, CONCURRENCY = 4, 6, 70, 2
@@ -316,6 +343,9 @@ def test_affinity_routing_beats_default_and_round_robin_on_prefix_hits(ray_addre
         try:
             ttfts, prompt_tokens = run_workload(server, smollm2_model_name)
             view = server.cluster()
+            if router == "default":  # Ray's own router cannot send a view request to a chosen replica
+                status, _, body = server.request("GET", "/engine/stream")
+                assert status == 501 and b"--router affinity or round-robin" in body, body
         finally:
             server.stop()
         assert all(450 <= n <= 600 for n in prompt_tokens), prompt_tokens

@@ -12,6 +12,7 @@ request on its replica.
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any, AsyncGenerator, Sequence
 
@@ -19,27 +20,43 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.serve.exceptions import RayServeException, ReplicaUnavailableError
 
 from ..engine.async_engine import EngineFailure
+from ..engine.client import ViewUnavailable
 from ..engine.engine import Engine, RequestOutput
 from ..engine.stats import EngineSnapshot
+from ..engine.view import EngineView
 from ..errors import InvalidRequest
 from ..kv.block_hash import chain_hashes
 from ..sampling.params import SamplingParams
 from .messages import EngineRequest
+from .replica_views import ReplicaViews
 from .view import ClusterView
 
 
 class RayEngineClient:
-    def __init__(self, engines: Any, checks: Engine, view: ClusterView, retries: int = 2) -> None:
+    def __init__(self, engines: Any, checks: Engine, view: ClusterView, retries: int = 2,
+                 replica_views: ReplicaViews | None = None) -> None:
         """``engines``: the DeploymentHandle of the engine replicas; ``checks``: the ingress's
-        weightless engine (qwen_serve.cluster.checks), which only validates."""
+        weightless engine (qwen_serve.cluster.checks), which only validates; ``replica_views``:
+        the engine views of the replicas (None under a router that cannot send a view request
+        to a chosen replica)."""
         self.engine = checks
         self.view = view
+        self.replica_views = replica_views
         self.retries = retries
         self._generate = engines.options(method_name="generate", stream=True)
 
     @property
     def snapshot(self) -> EngineSnapshot:
         return self.view.snapshot()
+
+    def watch(self) -> AbstractContextManager[None]:
+        if self.replica_views is None:
+            raise ViewUnavailable("the engine view needs a router that can reach a chosen replica "
+                                  "(--router affinity or round-robin)")
+        return self.replica_views.watch()
+
+    def views(self) -> dict[str, EngineView]:
+        return dict(self.replica_views.latest) if self.replica_views is not None else {}
 
     def is_alive(self) -> bool:
         return True  # a replica that dies fails its own requests (and is retried before the first token)

@@ -6,7 +6,8 @@ bodies and whatever the server grows are the same code as in ``python -m qwen_se
 It listens on its own host and port (Ray Serve's HTTP proxy is not used: it speaks ASGI, the
 OpenAI layer is aiohttp). The replica tokenizes and renders with the checkpoint's tokenizer and
 template, which it loads without weights. Besides the server's routes it serves the cluster
-view at ``/metrics/cluster`` (JSON) and adds it to the Prometheus exposition.
+view at ``/metrics/cluster`` (JSON) and adds it to the Prometheus exposition; its page's engine
+tab shows each replica's engine view (qwen_serve.cluster.replica_views).
 """
 from __future__ import annotations
 
@@ -25,10 +26,12 @@ from ..server.app import ChatServer, ServerInfo
 from ..server.prometheus import RequestMetrics
 from .checks import validation_engine
 from .client import RayEngineClient
+from .replica_views import ReplicaViews
 from .spec import ClusterSpec
 from .view import ClusterCollector, ClusterView
 
 log = logging.getLogger("qwen_serve.cluster")
+VIEWING_ROUTERS = ("affinity", "round-robin")  # the routers that send a ViewRequest to the replica it names
 
 
 class Ingress:
@@ -38,7 +41,9 @@ class Ingress:
         checkpoint = load_checkpoint(model.model if model.model is not None else default_model_path())
         config = model.engine_config
         self.view = ClusterView()
-        client = RayEngineClient(engines, validation_engine(model, checkpoint, load_registry()), self.view)
+        replica_views = ReplicaViews(engines, self.view) if spec.router in VIEWING_ROUTERS else None
+        client = RayEngineClient(engines, validation_engine(model, checkpoint, load_registry()), self.view,
+                                 replica_views=replica_views)
         name = model.served_model_name or checkpoint.config.name
         aliases = tuple(a for a in (model.model, checkpoint.config.name) if a and a != name)
         info = ServerInfo(model=name, aliases=aliases, backend=model.backend, quant=model.quant,

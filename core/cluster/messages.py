@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ..engine.engine import RequestOutput
 from ..engine.stats import EngineSnapshot
+from ..engine.view import EngineView
 from ..sampling.params import SamplingParams
 
 
@@ -37,3 +38,16 @@ class ReplicaReport:
 class ReplicaOutput:
     output: RequestOutput
     report: ReplicaReport
+
+
+@dataclass(frozen=True)
+class ViewRequest:
+    """Watch one replica's engine view (the routers send it to that replica alone)."""
+
+    replica: str
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    replica: str
+    view: EngineView

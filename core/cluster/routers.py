@@ -11,6 +11,9 @@ figure is its own count of requests in flight per replica (routed, not yet compl
 exact for the traffic of its ingress and costs no RPC; the replicas' own reports
 (``record_routing_stats``, polled by Ray's controller) give each replica's KV pool size, which
 bounds what the router believes it holds.
+
+Both routers send a ViewRequest (the engine view of one replica, for the page at /engine) to the
+replica it names; Ray Serve's default router cannot, so under it the ingress shows no engine view.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from typing import Any, Sequence
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from .affinity import AffinityPolicy
-from .messages import EngineRequest
+from .messages import EngineRequest, ViewRequest
 
 
 def block_hashes(pending_request: PendingRequest | None) -> Sequence[bytes]:
@@ -32,6 +35,18 @@ def block_hashes(pending_request: PendingRequest | None) -> Sequence[bytes]:
     return request.block_hashes if request is not None else ()
 
 
+def watched_replica(pending_request: PendingRequest | None) -> str | None:
+    """The replica a view request names (it must go there and nowhere else), else None."""
+    if pending_request is None:
+        return None
+    request = next((a for a in pending_request.args if isinstance(a, ViewRequest)), None)
+    return request.replica if request is not None else None
+
+
+def the_watched(candidates: list[RunningReplica], replica: str) -> list[list[RunningReplica]]:
+    return [[r for r in candidates if r.replica_id.unique_id == replica]]
+
+
 class PrefixAffinityRouter(RequestRouter):
     def initialize_state(self, capacity_blocks: int = 512, imbalance_threshold: int = 8,
                          min_match_blocks: int = 1, **_: Any) -> None:
@@ -40,12 +55,16 @@ class PrefixAffinityRouter(RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if (watched := watched_replica(pending_request)) is not None:
+            return the_watched(candidate_replicas, watched)
         by_id = {r.replica_id: r for r in candidate_replicas}
         loads = {replica_id: len(self.in_flight[replica_id]) for replica_id in by_id}
         ranks = self.policy.rank(block_hashes(pending_request), loads)
         return [[by_id[replica_id] for replica_id in rank] for rank in ranks]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
+        if watched_replica(pending_request) is not None:
+            return  # a view stream is no load
         self.in_flight[replica_id].add(pending_request.metadata.internal_request_id)
         self.policy.routed(replica_id, block_hashes(pending_request))
 
@@ -75,6 +94,8 @@ class RoundRobinRouter(RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if (watched := watched_replica(pending_request)) is not None:
+            return the_watched(candidate_replicas, watched)
         ordered = sorted(candidate_replicas, key=lambda r: r.replica_id.unique_id)
         if not ordered:
             return []

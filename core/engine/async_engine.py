@@ -157,6 +157,10 @@ class AsyncEngine:
             if not self._watchers:
                 self.view = None
 
+    def views(self) -> dict[str, EngineView]:
+        view = self.view
+        return {} if view is None else {"": view}
+
     def abort_all(self, reason: str) -> None:
         """End every open request with ShuttingDown(reason) (the end of a drain)."""
         self._send(_AbortAll(reason))

@@ -51,11 +51,19 @@ class EngineClient(Protocol):
         """False once the engine can serve nothing more (/health then says "dead")."""
 
 
+class ViewUnavailable(Exception):
+    """This engine client cannot show the engine view as it is set up (the message says why)."""
+
+
 @runtime_checkable
 class ShowsEngineView(Protocol):
-    """An engine client that can show the live engine view (/engine): AsyncEngine."""
-
-    view: EngineView | None  # the latest, while watched
+    """An engine client that can show the live engine view (/engine): AsyncEngine, and the Ray
+    ingress's client (one view per replica)."""
 
     def watch(self) -> AbstractContextManager[None]:
-        """While open, ``view`` is kept fresh."""
+        """While open (on the event loop), ``views`` is kept fresh; with nobody watching, no
+        engine takes any. Raises ViewUnavailable when the client cannot."""
+
+    def views(self) -> dict[str, EngineView]:
+        """The latest view of each engine: "" names the engine in this process, a Ray replica id
+        each replica's."""

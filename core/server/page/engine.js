@@ -1,6 +1,7 @@
 // The engine tab: one stream of engine views from /engine/stream while the tab is open (the
 // engine takes none when nobody watches), drawn as figures, a history chart, the request table
-// and the KV block pool.
+// and the KV block pool. Behind the Ray ingress each replica sends its own views; one is shown
+// at a time, chosen in the replica menu.
 
 import { apiFetch, readEvents, Unauthorized } from "./api.js";
 
@@ -29,9 +30,16 @@ export class EngineView {
   constructor({ onUnauthorized }) {
     this.onUnauthorized = onUnauthorized;
     this.controller = null;
-    this.history = new Map();  // second -> [tokens, running]
+    this.engines = new Map();  // engine ("" or a replica id) -> { view, history: second -> [tokens, running] }
+    this.shown = null;  // the engine drawn
     this.view = null;
+    this.history = new Map();
     this.states = "";
+    this.picker = byId("replica-picker");
+    this.picker.addEventListener("change", () => {
+      this.shown = this.picker.value;
+      this.draw();
+    });
     this.grid = byId("block-grid");
     this.tip = byId("block-tip");
     this.legend = byId("block-legend");
@@ -68,8 +76,11 @@ export class EngineView {
       try {
         note.textContent = "Connecting…";
         const response = await apiFetch("/engine/stream", { signal });
-        note.textContent = "Live";
-        for await (const data of readEvents(response)) this.receive(JSON.parse(data));
+        note.textContent = this.view ? "Live" : "Live; no engine view yet (a replica shows once it has served)";
+        for await (const data of readEvents(response)) {
+          this.receive(JSON.parse(data));
+          note.textContent = "Live";
+        }
         note.textContent = "The stream ended; reconnecting…";
       } catch (error) {
         if (signal.aborted) return;
@@ -85,16 +96,29 @@ export class EngineView {
   }
 
   receive(view) {
-    for (const [second, tokens, running] of view.history) this.history.set(second, [tokens, running]);
-    for (const second of this.history.keys()) if (second <= view.now - HISTORY_S) this.history.delete(second);
-    this.view = view;
-    this.states = view.blocks ? expandRuns(view.blocks.runs) : "";
-    this.draw();
+    const name = view.replica || "";
+    if (!this.engines.has(name)) {
+      this.engines.set(name, { view, history: new Map() });
+      const option = document.createElement("option");
+      option.value = name;
+      option.textContent = name;
+      this.picker.append(option);
+      this.picker.parentElement.hidden = !name;
+      if (this.shown === null) this.shown = name;
+    }
+    const engine = this.engines.get(name);
+    for (const [second, tokens, running] of view.history) engine.history.set(second, [tokens, running]);
+    for (const second of engine.history.keys()) if (second <= view.now - HISTORY_S) engine.history.delete(second);
+    engine.view = view;
+    if (name === this.shown) this.draw();
   }
 
   draw() {
-    const view = this.view;
-    if (!view) return;
+    const engine = this.engines.get(this.shown);
+    if (!engine) return;
+    const view = (this.view = engine.view);
+    this.history = engine.history;
+    this.states = view.blocks ? expandRuns(view.blocks.runs) : "";
     const snap = view.snapshot;
     const running = view.requests.filter((r) => r.phase === "prefill" || r.phase === "decode").length;
     set("fig-running", `${running} / ${view.max_batch}`);

@@ -6,13 +6,19 @@ from pathlib import Path
 
 import pytest
 
+from qwen_serve.cache_dir import cache_dir
+
 pytest_plugins = ["pytester"]
 BROKEN = Path(__file__).parent / "broken_plugins"
+# pytester points HOME at a fresh folder; read before it does, so the suites it runs find the
+# kernels and kernel choices this machine has built instead of building them again (~25 s each)
+MACHINE_CACHE = cache_dir("")
 
 
 @pytest.fixture
 def run_suite(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(BROKEN))
+    monkeypatch.setenv("QWEN_SERVE_CACHE", str(MACHINE_CACHE))
 
     def run(*args: str):
         return pytester.runpytest_subprocess("--pyargs", "qwen_serve.conformance", "-p", "no:cacheprovider", *args)

@@ -22,7 +22,7 @@ from qwen_serve.checkpoints.tokenizer import Tokenizer
 from qwen_serve.conformance.models import QWEN3_CHAT_TEMPLATE
 from qwen_serve.conformance.qwen_tokenizer import qwen_tokenizer_json_path
 from qwen_serve.engine.detokenizer import IncrementalDetokenizer
-from qwen_serve.engine.engine import RequestOutput
+from qwen_serve.engine.outputs import RequestOutput
 from qwen_serve.server.app import ChatServer, ServerInfo, ServerOptions
 from qwen_serve.server.prometheus import RequestMetrics
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..chat.blocks import BlockAssembler, BlockDelta, BlockEvent, BlockStart
 from ..chat.output_parser import ChatOutputParser
-from ..engine.engine import RequestOutput
+from ..engine.outputs import RequestOutput
 from ..openai.serving import ReplyTally
 from ..openai.streaming import sse
 from .errors import error_body

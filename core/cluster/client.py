@@ -21,7 +21,8 @@ from ray.serve.exceptions import RayServeException, ReplicaUnavailableError
 
 from ..engine.async_engine import EngineFailure
 from ..engine.client import ViewUnavailable
-from ..engine.engine import Engine, RequestOutput
+from ..engine.engine import Engine
+from ..engine.outputs import RequestOutput
 from ..engine.stats import EngineSnapshot
 from ..engine.view import EngineView
 from ..errors import InvalidRequest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.engine import RequestOutput
+from ..engine.outputs import RequestOutput
 from ..engine.stats import EngineSnapshot
 from ..engine.view import EngineView
 from ..sampling.params import SamplingParams

@@ -24,7 +24,8 @@ from typing import AsyncGenerator, Callable, Iterator, Sequence
 from ..errors import FatalEngineError
 from ..heap import return_free_heap
 from ..sampling.params import SamplingParams
-from .engine import POOLING, Engine, RequestOutput
+from .engine import POOLING, Engine
+from .outputs import RequestOutput
 from .sequence import Sequence as EngineSequence
 from .stats import EngineSnapshot, RequestObserver, RequestRecord, ThroughputWindow
 from .view import EngineHistory, EngineView

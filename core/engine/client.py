@@ -11,7 +11,7 @@ from typing import AsyncGenerator, Protocol, Sequence, runtime_checkable
 
 from ..models.config import ModelConfig
 from ..sampling.params import SamplingParams
-from .engine import RequestOutput
+from .outputs import RequestOutput
 from .stats import EngineSnapshot
 from .view import EngineView
 

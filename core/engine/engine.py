@@ -5,8 +5,7 @@ import itertools
 import logging
 import random
 import time
-from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Iterable
 from typing import Sequence as Seq
 
 from ..checkpoints.tokenizer import Tokenizer
@@ -30,9 +29,10 @@ from ..protocols import (
 )
 from ..sampling.params import SamplingParams
 from . import verification
-from .choices import blocks_for_choices
 from .detokenizer import IncrementalDetokenizer
 from .drafting import Drafter
+from .outputs import RequestOutput, merged_outputs
+from .request_checks import RequestChecks
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .stats import EngineStats
@@ -40,22 +40,6 @@ from .step_sampler import StepSampler
 
 log = logging.getLogger("qwen_serve.engine")
 POOLING = SamplingParams(max_tokens=1, temperature=0.0)  # a pooling sequence's: room for its prompt, nothing sampled
-
-
-@dataclass
-class RequestOutput:
-    """What a step produced for one request: new tokens and the text they made final."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_text: str
-    finished: bool
-    finish_reason: str | None
-    new_logprobs: list[dict[int, float] | None] = field(default_factory=list)
-    index: int = 0  # which of the request's n choices (SamplingParams.n) this output belongs to
-    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (set on the final output)
-    stop_reason: str | int | None = None  # what ended a "stop": the stop string or stop token id (None: EOS)
-    pooled: Any = None  # a pooling request's result: a float32 numpy row (hidden state, or the scored logits)
 
 
 class Engine:
@@ -99,6 +83,8 @@ class Engine:
             raise ModelLoadError(f"--task {self.task} needs an executor that pools; {type(executor).__name__} does not")
         # what a pooling step reads: the hidden state (embed), or a reranker's "no"/"yes" logits
         self.pooled_logit_ids = verdict_token_ids(tokenizer) if self.task == "rerank" else None
+        self.checks = RequestChecks(self.task, self.model_config, cache, self.max_seq_len, self.logits,
+                                    config.scheduling_policy)
         self.stats = EngineStats()
         self._seq_ids = itertools.count()
         self._seed_source = random.Random(config.seed)
@@ -106,51 +92,13 @@ class Engine:
     # --- requests -----------------------------------------------------------------------
     def check_request(self, prompt_token_ids: Seq[int], params: SamplingParams) -> list[int]:
         """Validate a request without touching engine state (safe from any thread)."""
-        if self.task != "generate":
-            raise InvalidRequest(f"this server runs --task {self.task}: it does not generate text")
-        prompt = self._checked_tokens(prompt_token_ids)
-        total = len(prompt) + params.max_tokens
-        if total > self.max_seq_len or not self.cache.can_fit(total):
-            raise InvalidRequest(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} tokens "
-                f"exceeds the maximum sequence length of {self.max_seq_len} tokens"
-            )
-        if params.n > 1:
-            blocks = blocks_for_choices(len(prompt), params.max_tokens, params.n, self.cache.block_size)
-            if not self.cache.can_fit(blocks * self.cache.block_size):
-                raise InvalidRequest(
-                    f"n = {params.n} choices of prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) "
-                    f"need {blocks} KV blocks of {self.cache.block_size} tokens, more than the pool holds",
-                    param="n")
-        self.logits.validate(params)
-        return prompt
+        return self.checks.check_request(prompt_token_ids, params)
 
     def check_pooling(self, prompt_token_ids: Seq[int]) -> list[int]:
-        """Validate an input to embed or score, as check_request does a prompt."""
-        if self.task == "generate":
-            raise InvalidRequest("this server generates text (--task generate); embeddings and scores need a "
-                                 "server started with --task embed or --task rerank")
-        prompt = self._checked_tokens(prompt_token_ids)
-        if len(prompt) > self.max_seq_len or not self.cache.can_fit(len(prompt) + 1):
-            raise InvalidRequest(f"the input ({len(prompt)} tokens) exceeds the maximum of {self.max_seq_len} tokens")
-        return prompt
-
-    def _checked_tokens(self, token_ids: Seq[int]) -> list[int]:
-        prompt = [int(t) for t in token_ids]
-        if not prompt:
-            raise InvalidRequest("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        if any(t < 0 or t >= vocab for t in prompt):
-            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})")
-        return prompt
+        return self.checks.check_pooling(prompt_token_ids)
 
     def check_priority(self, priority: int) -> None:
-        """A priority other than 0 means something only under the "priority" policy (as in vLLM)."""
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidRequest("'priority' must be an integer", param="priority")
-        if priority != 0 and self.config.scheduling_policy != "priority":
-            raise InvalidRequest(f"'priority' {priority} needs the priority scheduling policy "
-                                 "(this server schedules first come, first served)", param="priority")
+        self.checks.check_priority(priority)
 
     def add_request(self, request_id: str, prompt_token_ids: Seq[int], params: SamplingParams,
                     arrival_time: float | None = None, priority: int = 0) -> Sequence:
@@ -317,7 +265,7 @@ class Engine:
         merged: RequestOutput | None = None
         for token in tokens:
             out = self._postprocess(seq, token, None, now)
-            merged = out if merged is None else _merge_outputs(merged, out)
+            merged = out if merged is None else merged_outputs(merged, out)
             if seq.is_finished:
                 return merged
         seq.num_computed += kept
@@ -389,9 +337,3 @@ class Engine:
             log.exception("logits processing rejected token %d of request %s", token, seq.request_id)
             return "error"
 
-
-def _merge_outputs(first: RequestOutput, then: RequestOutput) -> RequestOutput:
-    """One request's outputs of one step as one (a verified chunk emits several tokens)."""
-    return RequestOutput(first.request_id, first.new_token_ids + then.new_token_ids, first.new_text + then.new_text,
-                         then.finished, then.finish_reason, first.new_logprobs + then.new_logprobs,
-                         index=then.index, num_cached_tokens=then.num_cached_tokens, stop_reason=then.stop_reason)

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from ..chat.output_parser import ChatOutputParser, MessageDelta
 from ..checkpoints.tokenizer import Tokenizer
-from ..engine.engine import RequestOutput
+from ..engine.outputs import RequestOutput
 from .bodies import chat_choice, chat_chunk, chat_completion, delta_choice, new_completion_id
 from .logprobs import chat_logprob_entry
 from .protocol import parse_chat_request

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from ..checkpoints.tokenizer import Tokenizer
-from ..engine.engine import RequestOutput
+from ..engine.outputs import RequestOutput
 from .bodies import new_completion_id, text_choice, text_completion
 from .logprobs import LegacyLogprobs
 from .protocol import parse_completion_request

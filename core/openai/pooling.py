@@ -12,7 +12,7 @@ from typing import AsyncGenerator, Sequence
 
 from aiohttp import web
 
-from ..engine.engine import RequestOutput
+from ..engine.outputs import RequestOutput
 from ..errors import InvalidRequest
 from ..pooling.reranker import RerankPrompt, relevance
 from ..pooling.vectors import checked_dimensions, encoded, normalized

@@ -15,7 +15,7 @@ from ..chat.format import ChatFormat
 from ..checkpoints.tokenizer import Tokenizer
 from ..engine.async_engine import EngineFailure
 from ..engine.client import EngineClient
-from ..engine.engine import RequestOutput
+from ..engine.outputs import RequestOutput
 from ..sampling.defaults import SamplingDefaults
 from ..sampling.params import SamplingParams
 from .bodies import error_body, json_response, model_not_found, now, usage

@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator, Mapping
 from ..chat.format import ChatFormat, RenderedChat
 from ..chat.output_parser import ChatOutputParser
 from ..chat.tools import Tool, ToolChoice
-from ..engine.engine import RequestOutput
+from ..engine.outputs import RequestOutput
 from ..sampling.params import SamplingParams
 from .serving import ServedModel
 from .structured import ResponseFormat, structured_output

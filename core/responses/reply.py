@@ -11,7 +11,7 @@ from typing import Any
 
 from ..chat.blocks import BlockAssembler, BlockDelta, BlockEvent, BlockStart
 from ..chat.output_parser import ChatOutputParser
-from ..engine.engine import RequestOutput
+from ..engine.outputs import RequestOutput
 from ..openai.serving import ReplyTally
 from ..sampling.params import SamplingParams
 from .encrypted import seal

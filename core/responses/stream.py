@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..chat.blocks import BlockDelta, BlockEvent, BlockStart
-from ..engine.engine import RequestOutput
+from ..engine.outputs import RequestOutput
 from ..openai.streaming import sse
 from .reply import ResponseReply
 

@@ -209,6 +209,11 @@ def test_the_engine_view_follows_eight_requests(server, scripts, page):
     assert "8 / 16" in {running for _, _, running in seen}, seen
     expect(page.locator("#block-legend li[data-state='u'] .count")).to_have_text("0")  # all returned
     expect(page.locator("#requests tbody tr")).to_have_count(0)
+    page.locator("#block-grid").focus()  # the grid from the keyboard
+    page.keyboard.press("Home")
+    expect(page.locator("#block-tip")).to_have_text(re.compile(r"^block 0: (free|cached only)"))
+    page.keyboard.press("ArrowRight")
+    expect(page.locator("#block-tip")).to_have_text(re.compile(r"^block 1: "))
 
 
 def test_the_prefix_hit_counter_rises_on_a_repeated_system_prompt(server, scripts, page):

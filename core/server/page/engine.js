@@ -56,6 +56,8 @@ export class EngineView {
     }));
     this.grid.addEventListener("mousemove", (event) => this.showTip(event));
     this.grid.addEventListener("mouseleave", () => { this.tip.hidden = true; });
+    this.grid.addEventListener("keydown", (event) => this.moveCursor(event));
+    this.grid.addEventListener("blur", () => { this.tip.hidden = true; });
     window.addEventListener("resize", () => this.draw());
   }
 
@@ -231,23 +233,46 @@ export class EngineView {
     }
   }
 
+  // The block under the pointer.
   showTip(event) {
     if (!this.gridLayout || !this.view) return;
     const { size, columns } = this.gridLayout;
     const rect = this.grid.getBoundingClientRect();
     const column = Math.floor((event.clientX - rect.left) / size);
     const block = Math.floor((event.clientY - rect.top) / size) * columns + column;
-    if (column >= columns || block < 0 || block >= this.states.length) {
+    if (column >= columns) this.tip.hidden = true;
+    else this.describeBlock(block);
+  }
+
+  // Arrow keys, Home and End walk the grid from the keyboard.
+  moveCursor(event) {
+    if (!this.gridLayout || !this.states.length) return;
+    const steps = { ArrowRight: 1, ArrowLeft: -1, ArrowDown: this.gridLayout.columns, ArrowUp: -this.gridLayout.columns };
+    const last = this.states.length - 1;
+    const at = this.cursor ?? -1;
+    let next;
+    if (event.key in steps) next = Math.min(last, Math.max(0, at + steps[event.key]));
+    else if (event.key === "Home") next = 0;
+    else if (event.key === "End") next = last;
+    else return;
+    event.preventDefault();
+    this.cursor = next;
+    this.describeBlock(next);
+  }
+
+  describeBlock(block) {
+    if (block < 0 || block >= this.states.length) {
       this.tip.hidden = true;
       return;
     }
+    const { size, columns } = this.gridLayout;
     const name = Object.fromEntries(STATES)[this.states[block]];
     const refs = this.view.blocks.shared_refs[String(block)];
     const holders = this.view.requests.filter((r) => r.blocks.includes(block)).map((r) => r.request_id);
     this.tip.textContent = `block ${block}: ${name}${refs ? ` by ${refs}` : ""}` +
       (holders.length ? ` · ${holders.join(", ")}` : "");
     this.tip.hidden = false;
-    this.tip.style.left = `${event.clientX - rect.left + 12}px`;
-    this.tip.style.top = `${event.clientY - rect.top + 12}px`;
+    this.tip.style.left = `${(block % columns) * size + size + 4}px`;
+    this.tip.style.top = `${Math.floor(block / columns) * size + size + 4}px`;
   }
 }

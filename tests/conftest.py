@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+from browser import browser  # noqa: F401  (Chromium for the modules that drive the page)
 
 # The overload server's fixtures, defined here once for every module: a module that imported them
 # would get its own copy of the session-scoped control directory, and the server the modules share

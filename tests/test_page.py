@@ -1,17 +1,16 @@
-"""The page at / and /engine in a real browser: Playwright driving headless Chromium (Debian's
-package where installed, else Playwright's own) against real servers on a random Qwen3 with
+"""The page at / and /engine in a real browser: Playwright driving headless Chromium
+(tests/browser.py) against real servers on a random Qwen3 with
 Qwen3's chat template, whose scripted backend (tests/scripted_backend.py) writes known replies
 through the real forward pass, paged KV cache and streaming path."""
 from __future__ import annotations
 
 import re
-import shutil
 import threading
 import time
 
 import pytest
 import tokenizers
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 from scripted_backend import scripted_server_env, write_scripts
 from server_fixtures import openai_client, own_server
 
@@ -51,14 +50,6 @@ def server(qwen3_tiny, scripts):
 def keyed_server(qwen3_tiny, scripts):
     args = ["--model", str(qwen3_tiny), "--backend", "scripted", "--kv-blocks", "64", "--api-key", KEY]
     yield from own_server(args, env=scripted_server_env(scripts["_path"]))
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
-        yield browser
-        browser.close()
 
 
 @pytest.fixture

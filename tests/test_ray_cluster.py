@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -24,6 +25,7 @@ import time
 
 import openai
 import pytest
+from playwright.sync_api import expect
 from raw_http import connect, read_until_closed, slow_body_head
 from server_fixtures import openai_client, own_server
 from stream_checks import StreamCollector
@@ -238,7 +240,7 @@ def test_cluster_figures_json_and_prometheus(ray_server, smollm2_model_name):
     assert b"qwen_serve_cluster_prefix_hit_rate" in text and b'qwen_serve_replica_requests_total{replica="' in text
 
 
-def test_the_engine_view_shows_each_replica_while_watched(ray_server, smollm2_model_name):
+def test_the_engine_view_shows_each_replica_while_watched(ray_server, smollm2_model_name, browser):
     """Per replica: each one that has served sends its own view through the ingress's stream,
     and the watch streams do not count as load for the affinity router."""
     with openai_client(ray_server) as client:
@@ -261,6 +263,16 @@ def test_the_engine_view_shows_each_replica_while_watched(ray_server, smollm2_mo
     for frame in frames.values():
         assert frame["blocks"]["total"] == 512 and frame["cache"] == "PagedKVCache"
         assert frame["snapshot"]["kv_blocks_total"] == 512 and frame["requests"] == []
+
+    page = browser.new_page()  # the page's engine tab: one replica at a time, from its menu
+    page.goto(ray_server.base_url.removesuffix("/v1") + "/engine")
+    picker = page.locator("#replica-picker")
+    expect(picker.locator("option")).to_have_count(len(served))
+    for replica in served:
+        picker.select_option(replica)
+        expect(page.locator("#block-caption")).to_have_text(re.compile("^512 blocks of 16 tokens"))
+        expect(page.locator("#block-legend li[data-state='.'] .count")).to_have_text(re.compile(r"^\d+$"))
+    page.close()
     with openai_client(ray_server) as client:  # still served as before
         assert client.chat.completions.create(model=smollm2_model_name, messages=user("Hi"), max_tokens=2).choices
 

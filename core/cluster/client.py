@@ -19,9 +19,9 @@ from typing import Any, AsyncGenerator, Sequence
 from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.serve.exceptions import RayServeException, ReplicaUnavailableError
 
-from ..engine.async_engine import EngineFailure
 from ..engine.client import ViewUnavailable
 from ..engine.engine import Engine
+from ..engine.failures import EngineFailure
 from ..engine.outputs import RequestOutput
 from ..engine.stats import EngineSnapshot
 from ..engine.view import EngineView

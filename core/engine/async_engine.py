@@ -25,41 +25,17 @@ from ..errors import FatalEngineError
 from ..heap import return_free_heap
 from ..sampling.params import SamplingParams
 from .engine import POOLING, Engine
+from .failures import EngineDead, EngineFailure, QueueTimeout, ShuttingDown
 from .outputs import RequestOutput
 from .sequence import Sequence as EngineSequence
 from .stats import EngineSnapshot, RequestObserver, RequestRecord, ThroughputWindow
-from .view import EngineHistory, EngineView
+from .view import EngineView, EngineWatch
 
 log = logging.getLogger("qwen_serve.engine")
 IDLE_TRIM_S = 1.0  # idle this long after work, the engine thread returns the freed heap to the OS
 ARRIVAL_WINDOW_S = 0.02  # the longest a new request waits for the next one of a burst (default)
 ARRIVAL_SHARE = 0.05  # of the gathered prompts' estimated prefill time: the wait for one more arrival
 MEASURED_PREFILL_ROWS = 32  # steps with at least this many prefill rows time a prefill row
-VIEW_INTERVAL_S = 0.2  # while watched, an engine view at most this often (and after each idle wake)
-
-
-class EngineFailure(Exception):
-    """The engine could not finish this request (a server-side failure, not bad input)."""
-
-    status = 500  # the HTTP status that says so
-
-
-class EngineUnavailable(EngineFailure):
-    """Not served now, through no fault of the request; a later try may succeed."""
-
-    status = 503
-
-
-class EngineDead(EngineUnavailable):
-    pass
-
-
-class QueueTimeout(EngineUnavailable):
-    pass
-
-
-class ShuttingDown(EngineUnavailable):
-    pass
 
 
 @dataclass
@@ -111,10 +87,7 @@ class AsyncEngine:
         self._requests: dict[str, _Tracked] = {}  # engine thread only
         self.throughput = ThroughputWindow(seconds=10.0)
         self.snapshot = EngineSnapshot.take(engine, self.throughput)
-        self.history = EngineHistory()
-        self.view: EngineView | None = None  # the latest, while watched (watch())
-        self._watchers = 0
-        self._view_time = 0.0
+        self.watched = EngineWatch()
         self._thread = threading.Thread(target=self._run, name="qwen-serve-engine", daemon=True)
         self._stepped_since_trim = False
 
@@ -145,18 +118,17 @@ class AsyncEngine:
         checked = self.engine.check_pooling(prompt)
         return self._stream(request_id, checked, POOLING, arrival_time, 0, pooling=True)
 
+    @property
+    def view(self) -> EngineView | None:
+        """The latest engine view, while watched."""
+        return self.watched.view
+
     @contextlib.contextmanager
     def watch(self) -> Iterator[None]:
-        """While open, the engine thread keeps ``view`` fresh (every VIEW_INTERVAL_S while it
-        steps); with nobody watching it takes none."""
-        self._watchers += 1  # the event loop's thread alone changes it
-        self._wake.set()  # an idle engine takes one now
-        try:
+        """While open, the engine thread keeps ``view`` fresh; with nobody watching it takes none."""
+        with self.watched.opened():
+            self._wake.set()  # an idle engine takes one now
             yield
-        finally:
-            self._watchers -= 1
-            if not self._watchers:
-                self.view = None
 
     def views(self) -> dict[str, EngineView]:
         view = self.view
@@ -213,8 +185,7 @@ class AsyncEngine:
                 self._expire_waiting()
                 if not self.engine.has_unfinished():
                     self.snapshot = EngineSnapshot.take(self.engine, self.throughput)
-                    if self._watchers:
-                        self._take_view(time.monotonic())
+                    self.watched.idle(self.engine, self.snapshot)
                     woken = self._wake.wait(timeout=IDLE_TRIM_S)
                     self._wake.clear()
                     if not woken and self._stepped_since_trim:  # idle a while after work (heap.py)
@@ -245,10 +216,8 @@ class AsyncEngine:
         if rows >= MEASURED_PREFILL_ROWS:
             self.prefill_row_s = (now - started) / rows
         self.throughput.add(now, len(outputs))
-        self.history.add(now, len(outputs), len(self.engine.scheduler.running))
         self.snapshot = EngineSnapshot.take(self.engine, self.throughput)  # before replies go out
-        if self._watchers and now - self._view_time >= VIEW_INTERVAL_S:
-            self._take_view(now)
+        self.watched.stepped(self.engine, self.snapshot, now, len(outputs))
         for out in outputs:
             tracked = self._requests.get(out.request_id)
             if tracked is None:
@@ -260,10 +229,6 @@ class AsyncEngine:
                 del self._requests[out.request_id]
                 self._observe_finished(tracked, out.finish_reason or "stop", now)
             tracked.deliver(out)
-
-    def _take_view(self, now: float) -> None:
-        self._view_time = now
-        self.view = EngineView.take(self.engine, self.snapshot, self.history)
 
     def _gather_arrivals(self, tokens: int) -> None:
         """Clients that send together (a burst, an agent's parallel calls) reach this thread

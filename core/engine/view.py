@@ -1,6 +1,6 @@
 """What the engine view at /engine draws: each request's phase and blocks, and the block pool.
 
-Taken on the engine thread between steps, and only while someone watches (AsyncEngine.watch),
+Taken on the engine thread between steps, and only while someone watches (EngineWatch),
 since walking every block costs what it costs. A KV cache that implements DescribesBlocks gives
 its block states; any other still shows its requests and usage counts. Each second's generated
 tokens and batch occupancy are kept for the last minutes (EngineHistory) so a page opened now
@@ -8,11 +8,12 @@ draws the past too.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from ..protocols import BlockMap, DescribesBlocks
 from .sequence import Sequence, Status
@@ -21,6 +22,7 @@ from .stats import EngineSnapshot
 HISTORY_S = 300  # seconds of per-second history kept
 MAX_TABLE_BLOCKS = 4096  # of a request's block table, at most this many ids are shown
 RUN = re.compile(r"(.)\1*")
+VIEW_INTERVAL_S = 0.2  # while watched, an engine view at most this often (and after each idle wake)
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,41 @@ class EngineView:
             "total": len(self.blocks.states), "runs": run_lengths(self.blocks.states),
             "shared_refs": {str(k): v for k, v in self.blocks.shared_refs.items()}}
         return body
+
+
+class EngineWatch:
+    """The engine thread's side of watching: the history, always kept (it is cheap), and the
+    latest EngineView, taken only while someone watches: after a step at most every
+    VIEW_INTERVAL_S, and whenever the engine goes idle."""
+
+    def __init__(self) -> None:
+        self.history = EngineHistory()
+        self.view: EngineView | None = None
+        self._watchers = 0  # the event loop's thread alone changes it
+        self._taken_at = 0.0
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[None]:
+        self._watchers += 1
+        try:
+            yield
+        finally:
+            self._watchers -= 1
+            if not self._watchers:
+                self.view = None
+
+    def stepped(self, engine: Any, snapshot: EngineSnapshot, now: float, tokens: int) -> None:
+        self.history.add(now, tokens, len(engine.scheduler.running))
+        if self._watchers and now - self._taken_at >= VIEW_INTERVAL_S:
+            self._take(engine, snapshot, now)
+
+    def idle(self, engine: Any, snapshot: EngineSnapshot) -> None:
+        if self._watchers:
+            self._take(engine, snapshot, time.monotonic())
+
+    def _take(self, engine: Any, snapshot: EngineSnapshot, now: float) -> None:
+        self._taken_at = now
+        self.view = EngineView.take(engine, snapshot, self.history)
 
 
 def run_lengths(states: str) -> str:

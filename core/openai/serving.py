@@ -13,8 +13,8 @@ from aiohttp import web
 
 from ..chat.format import ChatFormat
 from ..checkpoints.tokenizer import Tokenizer
-from ..engine.async_engine import EngineFailure
 from ..engine.client import EngineClient
+from ..engine.failures import EngineFailure
 from ..engine.outputs import RequestOutput
 from ..sampling.defaults import SamplingDefaults
 from ..sampling.params import SamplingParams

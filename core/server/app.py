@@ -24,8 +24,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from ..anthropic.messages import Messages
 from ..chat.format import ChatFormat
 from ..checkpoints.tokenizer import Tokenizer
-from ..engine.async_engine import EngineDead, EngineFailure, EngineUnavailable, QueueTimeout, ShuttingDown
 from ..engine.client import EngineClient
+from ..engine.failures import EngineDead, EngineFailure, EngineUnavailable, QueueTimeout, ShuttingDown
 from ..errors import InvalidRequest
 from ..openai.bodies import json_response
 from ..openai.chat import ChatCompletions

@@ -14,7 +14,6 @@ from pathlib import Path
 from aiohttp import web
 
 PAGE_DIR = Path(__file__).parent / "page"
-PAGE_PATHS = ("/", "/engine")
 ASSET_PREFIX = "/page/"
 CONTENT_TYPES = {".html": "text/html", ".js": "text/javascript", ".mjs": "text/javascript", ".css": "text/css",
                  ".svg": "image/svg+xml", ".txt": "text/plain", ".md": "text/markdown"}
@@ -51,7 +50,3 @@ class Page:
         """/engine and the assets; / is the server's own route, which calls index for browsers."""
         app.router.add_get("/engine", self.index)
         app.router.add_get(ASSET_PREFIX + "{name:.+}", self.asset)
-
-
-def is_page_path(path: str) -> bool:
-    return path in PAGE_PATHS or path.startswith(ASSET_PREFIX)

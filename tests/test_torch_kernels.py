@@ -49,14 +49,15 @@ def _activations(rows: int, width: int, seed: int) -> torch.Tensor:
     return x
 
 
-# int16 activations per group of 64 (AVX2, AVX-512 without VNNI): ~1e-4 relative error even with
-# a 50x outlier channel. int8 activations (the VNNI kernels): ~0.6% without an outlier, ~2% with.
+# int16 activations per group of 64 (AVX-512 without VNNI; AVX2's int8 weights): ~1e-4 relative
+# error even with a 50x outlier channel. int8 activations (the VNNI kernels; AVX2's int4 kernel):
+# ~0.6% without an outlier, ~2% with.
 TOLERANCE = 1e-3
 INT8_TOLERANCE = 3e-2
 
 
-def tolerance(kernels: Kernels | None) -> float:
-    return INT8_TOLERANCE if kernels is not None and kernels.isa == "avx512" and kernels.vnni else TOLERANCE
+def tolerance(kernels: Kernels | None, weights: str = "int4") -> float:
+    return INT8_TOLERANCE if kernels is not None and kernels.int8_activations(weights) else TOLERANCE
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -88,7 +89,7 @@ def test_int8_kernel_matches_torch_at_every_decode_size(name, out_features):
     for rows in (1, 2, 7, 8, 9, 13, 16):
         x = _activations(rows, 128, seed=rows)
         y = layer(x)
-        assert _rel(y, x @ reference_weight.T) < tolerance(VARIANTS[name]), rows
+        assert _rel(y, x @ reference_weight.T) < tolerance(VARIANTS[name], "int8"), rows
         assert torch.equal(layer(x[-1:]), y[-1:])
 
 
@@ -210,10 +211,14 @@ def _gathered_reference(q, storage, layer, tables, lengths):
     return torch.stack(out)
 
 
-@needs_avx512
+PAGED_ISAS = sorted({k.isa for k in VARIANTS.values()})
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", PAGED_ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (16, 8, 128), (3, 3, 32), (9, 3, 64), (8, 2, 208)])
-def test_paged_decode_matches_the_gathered_reference(dtype, heads, kv_heads, head_dim):
+def test_paged_decode_matches_the_gathered_reference(isa, dtype, heads, kv_heads, head_dim):
     gen = torch.Generator().manual_seed(heads * head_dim)
     bs, blocks = 16, 40
     storage = TorchKVStorage(2, kv_heads, head_dim, dtype, bs, 8, blocks)
@@ -229,28 +234,30 @@ def test_paged_decode_matches_the_gathered_reference(dtype, heads, kv_heads, hea
     for row, table in zip(padded, tables):
         row[: len(table)] = torch.tensor(table)
     q = torch.randn(len(tables), heads, head_dim, generator=gen)
-    paged = PagedDecode(storage, padded, torch.tensor(lengths), KERNELS)
+    paged = PagedDecode(storage, padded, torch.tensor(lengths), Kernels(isa, False, KERNELS.ops))
     for layer in range(2):
         got = paged.attend(layer, q, 0.125)
         assert _rel(got, _gathered_reference(q, storage, layer, tables, lengths)) < 1e-5
 
 
-@needs_avx512
-def test_paged_decode_refuses_a_table_outside_the_cache():
+@needs_kernels
+@pytest.mark.parametrize("isa", PAGED_ISAS)
+def test_paged_decode_refuses_a_table_outside_the_cache(isa):
     storage = TorchKVStorage(1, 2, 16, torch.float32, 16, 4, 4)
     storage.ensure_blocks(4)
-    paged = PagedDecode(storage, torch.tensor([[0, 9]]), torch.tensor([20]), KERNELS)
+    paged = PagedDecode(storage, torch.tensor([[0, 9]]), torch.tensor([20]), Kernels(isa, False, KERNELS.ops))
     with pytest.raises(RuntimeError, match="outside the cache"):
         paged.attend(0, torch.randn(1, 4, 16), 0.25)
 
 
-@needs_avx512
-def test_paged_decode_reads_queries_at_a_row_stride():
+@needs_kernels
+@pytest.mark.parametrize("isa", PAGED_ISAS)
+def test_paged_decode_reads_queries_at_a_row_stride(isa):
     storage = TorchKVStorage(1, 2, 16, torch.float32, 16, 4, 4)
     storage.ensure_blocks(4)
     storage.keys[0].normal_()
     storage.values[0].normal_()
-    paged = PagedDecode(storage, torch.tensor([[2, 0], [1, 3]]), torch.tensor([20, 7]), KERNELS)
+    paged = PagedDecode(storage, torch.tensor([[2, 0], [1, 3]]), torch.tensor([20, 7]), Kernels(isa, False, KERNELS.ops))
     wide = torch.randn(2, 4 * 16 + 48)  # q columns first, as in the merged q/k/v output
     q = wide[:, : 4 * 16].view(2, 4, 16)
     assert _rel(paged.attend(0, q, 0.25), paged.attend(0, q.contiguous(), 0.25)) == 0
@@ -284,7 +291,7 @@ def test_kv_write_stores_strided_rows_as_index_copy_would(dtype):
 # --- whole models: the in-place attention against the generic gather path --------------------------
 
 
-@needs_avx512
+@needs_kernels
 @pytest.mark.parametrize("kv_cache", ["paged", "naive"])
 @pytest.mark.parametrize("dtype, quant", [("float32", "none"), ("bfloat16", "none"), ("float32", "int4")])
 def test_greedy_with_in_place_attention_equals_the_gather_path(qwen3_tiny, monkeypatch, kv_cache, dtype, quant):

@@ -4,9 +4,10 @@ step gathers a sequence's whole history into a new tensor (the gather's cost gro
 
 The dispatch point: only the core caches (PagedKVCache, NaiveKVCache; exact types, or either
 inside the core's HybridCache, which keeps a hybrid model's recurrent states beside) over this
-backend's TorchKVStorage, float32 or bfloat16, on an AVX-512 CPU. Any other cache (a third-party
-one, a subclass, int8 or sliding-window caches arriving through the Protocols) may store or
-order keys differently, so it keeps the generic path: KVCache.read, then SDPA.
+backend's TorchKVStorage, float32 or bfloat16, on a CPU with the kernels (AVX-512 or AVX2: one
+algorithm at two vector widths). Any other cache (a third-party one, a subclass, int8 or
+sliding-window caches arriving through the Protocols) may store or order keys differently, so it
+keeps the generic path: KVCache.read, then SDPA.
 """
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ class PagedDecode:
     def attend(self, layer: int, queries: torch.Tensor, scale: float) -> torch.Tensor:
         """queries [B, H, D] float32, rows at a stride (the q columns of the merged q/k/v output)
         -> [B, H, D]."""
-        return self.kernels.ops.paged_decode_avx512(
+        kernel = self.kernels.ops.paged_decode_avx512 if self.kernels.isa == "avx512" else \
+            self.kernels.ops.paged_decode_avx2
+        return kernel(
             queries, self.storage.keys[layer], self.storage.values[layer],
             self.block_tables, self.lengths, self.storage.block_size, scale)
 
@@ -46,7 +49,7 @@ class PagedDecode:
 def reads_in_place(cache: KVCache, kernels: Kernels | None) -> bool:
     if isinstance(cache, HybridCache):  # the attention layers' KV is the wrapped cache's
         cache = cache.kv
-    if kernels is None or kernels.isa != "avx512" or type(cache) not in IN_PLACE_CACHES:
+    if kernels is None or type(cache) not in IN_PLACE_CACHES:
         return False
     storage = cache.storage
     return type(storage) is TorchKVStorage and storage.dtype in KERNEL_DTYPES

@@ -103,6 +103,19 @@ __attribute__((target("avx512f,fma"))) QS_INLINE __m512 exp_nonpositive(__m512 x
   return _mm512_scalef_ps(p, n);
 }
 
+// The same for 8 lanes on AVX2 CPUs (2^n built in the exponent bits: n >= -126 after the clamp).
+__attribute__((target("avx2,fma"))) QS_INLINE __m256 exp_nonpositive_avx2(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i two_to_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(two_to_n));
+}
+
 // One group of 64 activations as 4 vectors; returns its largest magnitude, its sum into *sum
 // (what every int16 / int8 activation quantizer starts from).
 QS_AVX512 inline float load_group_avx512(const float* xg, __m512 v[4], float* sum) {
@@ -117,7 +130,7 @@ QS_AVX512 inline float load_group_avx512(const float* xg, __m512 v[4], float* su
   return _mm512_reduce_max_ps(amax);
 }
 
-Activations quantize_activations_avx2(const float* x, int64_t M, int64_t K, bool split);
+Activations quantize_activations_avx2(const float* x, int64_t M, int64_t K);
 Activations quantize_activations_avx512(const float* x, int64_t M, int64_t K);
 
 }  // namespace qs

@@ -38,11 +38,14 @@ void q4b_unpack_avx512(const uint8_t* codes, const uint16_t* scale, const uint16
 void bf16b_unpack_avx512(const uint16_t* codes, int64_t K, int64_t first, int64_t stop, void* out, int64_t ld,
                          bool bf16);
 
-// Decode attention over a paged KV cache, read in place through the block tables (AVX-512).
+// Decode attention over a paged KV cache, read in place through the block tables (AVX-512, AVX2).
 // kv_bf16: the caches hold bfloat16 (as uint16), else float32. q [B, H, D] has rows q_stride apart.
 void paged_decode_avx512(const float* q, int64_t q_stride, int64_t B, int64_t H, int64_t D, const void* key_cache,
                          const void* value_cache, bool kv_bf16, int64_t Hkv, const int64_t* block_tables,
                          int64_t max_blocks, const int64_t* lengths, int64_t block_size, float scale, float* out);
+void paged_decode_avx2(const float* q, int64_t q_stride, int64_t B, int64_t H, int64_t D, const void* key_cache,
+                       const void* value_cache, bool kv_bf16, int64_t Hkv, const int64_t* block_tables,
+                       int64_t max_blocks, const int64_t* lengths, int64_t block_size, float scale, float* out);
 
 // keys, values [T, n] float32 at row strides of their own into rows slots[t] of float32 or
 // bfloat16 caches [slots, n] (kv_write.cpp).

@@ -215,10 +215,12 @@ void check_slots(const at::Tensor& slots, int64_t T, int64_t capacity) {
     TORCH_CHECK(slot[t] >= 0 && slot[t] < capacity, "slot ", slot[t], " is outside the cache");
 }
 
-at::Tensor paged_decode_avx512(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                               const at::Tensor& block_tables, const at::Tensor& lengths, int64_t block_size,
-                               double scale) {
-  require("avx512f", __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"));
+using PagedDecodeKernel = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, const void*, const void*, bool,
+                                   int64_t, const int64_t*, int64_t, const int64_t*, int64_t, float, float*);
+
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                        const at::Tensor& block_tables, const at::Tensor& lengths, int64_t block_size, double scale,
+                        PagedDecodeKernel kernel) {
   check_strided_rows(q, "q");  // the q columns of the merged q/k/v output do
   TORCH_CHECK(q.dim() == 3, "q must be [B, H, D]");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
@@ -227,10 +229,24 @@ at::Tensor paged_decode_avx512(const at::Tensor& q, const at::Tensor& key_cache,
   TORCH_CHECK(key_cache.size(2) == D && D % 16 == 0 && H % Hkv == 0, "head sizes do not fit (D a multiple of 16)");
   check_block_tables(block_tables, lengths, B, block_size, key_cache.size(0));
   at::Tensor out = at::empty({B, H, D}, q.options());
-  qs::paged_decode_avx512(q.data_ptr<float>(), q.stride(0), B, H, D, key_cache.data_ptr(), value_cache.data_ptr(), bf16, Hkv,
-                          block_tables.data_ptr<int64_t>(), block_tables.size(1), lengths.data_ptr<int64_t>(), block_size,
-                          static_cast<float>(scale), out.data_ptr<float>());
+  kernel(q.data_ptr<float>(), q.stride(0), B, H, D, key_cache.data_ptr(), value_cache.data_ptr(), bf16, Hkv,
+         block_tables.data_ptr<int64_t>(), block_tables.size(1), lengths.data_ptr<int64_t>(), block_size,
+         static_cast<float>(scale), out.data_ptr<float>());
   return out;
+}
+
+at::Tensor paged_decode_avx512(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                               const at::Tensor& block_tables, const at::Tensor& lengths, int64_t block_size,
+                               double scale) {
+  require("avx512f", __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"));
+  return paged_decode(q, key_cache, value_cache, block_tables, lengths, block_size, scale, qs::paged_decode_avx512);
+}
+
+at::Tensor paged_decode_avx2(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
+                             const at::Tensor& block_tables, const at::Tensor& lengths, int64_t block_size,
+                             double scale) {
+  require("avx2", __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
+  return paged_decode(q, key_cache, value_cache, block_tables, lengths, block_size, scale, qs::paged_decode_avx2);
 }
 
 // keys, values [T, Hkv, D] float32 (rows at a stride) into slots [T] of caches [slots, Hkv, D].
@@ -493,6 +509,7 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("q4b_unpack_avx512_(Tensor codes, Tensor scale, Tensor zero, int first, int stop, Tensor(a!) out) -> ()",
         &q4b_unpack_avx512_);
   m.def("paged_decode_avx512", &paged_decode_avx512);
+  m.def("paged_decode_avx2", &paged_decode_avx2);
   m.def("kv_write_(Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slots, Tensor keys, Tensor values) -> ()", &kv_write_);
   m.def("bf16b_matmul_avx512", &bf16b_matmul_avx512);
   m.def("f32b_matmul_avx512", &f32b_matmul_avx512);

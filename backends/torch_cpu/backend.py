@@ -107,15 +107,15 @@ class TorchBackend:
         return TorchStateStorage(config.linear_attention(), max_slots)
 
     def preferred_kv_dtype(self, dtype: str) -> tuple[str, str]:
-        """bfloat16 keys and values where the AVX-512 kernels write them and attend over them in
-        place, widening to float32 in registers: a decode step reads half the bytes per cached
-        token. Elsewhere the generic path would copy them to float32 on every read."""
+        """bfloat16 keys and values where the kernels (AVX-512 or AVX2) write them and attend over
+        them in place, widening to float32 in registers: a decode step reads half the bytes per
+        cached token. Elsewhere the generic path would copy them to float32 on every read."""
         if dtype != "float32":
             return dtype, "auto: the weights' dtype"
         kernels = load_kernels()
-        if kernels is not None and kernels.isa == "avx512":
-            return "bfloat16", "auto: the AVX-512 attention reads bf16 in place, half the bytes of float32"
-        return "float32", "auto: no AVX-512 attention kernel here to read bf16 in place"
+        if kernels is not None:
+            return "bfloat16", f"auto: the {kernels.isa.upper()} attention reads bf16 in place, half the bytes of float32"
+        return "float32", "auto: no attention kernel here to read bf16 in place"
 
     def create_sampler(self) -> TorchSampler:
         return TorchSampler()

@@ -99,6 +99,12 @@ QS_AVX2 Activations8 quantize8(const float* x, int64_t M, int64_t K) {
   return a;
 }
 
+// Each row's codes are prefetched this many rows ahead, as they are read. At one row of x the
+// kernel reads rows 4 at a time, so this is the next tile: 9.4 -> 19 GB/s from memory for a
+// 7168 x 1024 layer (2 Zen 3 cores, each thread streaming its rows); the hardware prefetchers
+// alone fell behind the four interleaved streams.
+constexpr int64_t PREFETCH_ROWS = 4;
+
 // NB output rows times MT rows of x: NB * MT independent accumulator chains held in registers
 // (with the codes of the NB rows; the activations are read from memory by vpmaddubsw).
 // Codes are 0..15 and activations within +-127, so a pair's sum (<= 3,810) and two pairs'
@@ -116,7 +122,9 @@ QS_AVX2 QS_INLINE void q4_tile(const Activations8& a, int64_t m0, int64_t K, con
     __m256i lo[NB], hi[NB];
     float s[NB], z[NB];
     for (int n = 0; n < NB; n++) {
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(packed + (n0 + n) * (K / 2) + g * HALF));
+      const uint8_t* codes = packed + (n0 + n) * (K / 2) + g * HALF;
+      _mm_prefetch(reinterpret_cast<const char*>(codes + PREFETCH_ROWS * (K / 2)), _MM_HINT_T0);
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
       lo[n] = _mm256_and_si256(b, low4);
       hi[n] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
       s[n] = _cvtsh_ss(scale[(n0 + n) * groups + g]);

@@ -158,7 +158,7 @@ def _use(layer, path):
 def _planned(layer, gemm_dtype: torch.dtype):
     """The kernel up to 16 rows, tiles multiplied in gemm_dtype past them."""
     tiles = "tiles_bf16" if gemm_dtype == torch.bfloat16 else "tiles_f32"
-    layer.plan = PathPlan(("kernel",) * 3 + (tiles,) * 2)
+    layer.plan = PathPlan(("kernel",) * 3 + (tiles,) * 3)
     return layer
 
 

@@ -123,14 +123,15 @@ def test_the_unpacked_tile_holds_the_dequantized_rows_transposed(dtype):
 
 
 def test_each_row_class_takes_the_path_whose_worse_end_lags_least():
-    seconds = {  # at rows 1, 2, 8, 9, 16, 17, 64, 65, 512
-        "kernel": dict(zip(kernel_choice.PROBE_ROWS, [1, 1, 2, 2, 3, 3, 9, 9, 80])),
-        "tiles_f32": dict(zip(kernel_choice.PROBE_ROWS, [50, 50, 50, 50, 50, 50, 52, 8, 40])),
+    seconds = {  # at rows 1, 2, 8, 9, 16, 17, 64, 65, 192, 193, 512
+        "kernel": dict(zip(kernel_choice.PROBE_ROWS, [1, 1, 2, 2, 3, 3, 9, 9, 25, 25, 80])),
+        "tiles_f32": dict(zip(kernel_choice.PROBE_ROWS, [50, 50, 50, 50, 50, 50, 52, 14, 22, 22, 40])),
     }
-    assert kernel_choice._fastest(seconds).paths == ("kernel", "kernel", "kernel", "kernel", "tiles_f32")
+    assert kernel_choice._fastest(seconds).paths == ("kernel",) * 5 + ("tiles_f32",)
     tied = {path: dict.fromkeys(kernel_choice.PROBE_ROWS, 1.0) for path in ("tiles_f32", "kernel")}
     assert kernel_choice._fastest(tied) == PathPlan.fixed("kernel")  # a tie goes to the kernel
-    assert [row_class(n) for n in (1, 2, 8, 9, 16, 17, 64, 65, 512, 4096)] == [0, 1, 1, 2, 2, 3, 3, 4, 4, 4]
+    assert [row_class(n) for n in (1, 2, 8, 9, 16, 17, 64, 65, 192, 193, 512, 4096)] == \
+        [0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 5]
 
 
 def test_onednn_takes_every_row_class_or_none():
@@ -139,15 +140,18 @@ def test_onednn_takes_every_row_class_or_none():
 
     # The kernel leads at 1 row, oneDNN elsewhere (an AMX CPU): the mix lags 1.5x at 8 rows
     # (tiles), oneDNN only 1.2x at 1 row, so oneDNN takes every class.
-    amx = {"kernel": timings(4, 5, 6, 6, 11, 11, 40, 40, 290), "tiles_bf16": timings(9, 9, 9, 9, 9, 9, 12, 12, 40),
-           ONEDNN: timings(4.8, 4, 4, 4, 4.2, 4.2, 7, 7, 34)}
+    amx = {"kernel": timings(4, 5, 6, 6, 11, 11, 40, 40, 110, 110, 290),
+           "tiles_bf16": timings(9, 9, 9, 9, 9, 9, 12, 12, 18, 18, 40),
+           ONEDNN: timings(4.8, 4, 4, 4, 4.2, 4.2, 7, 7, 14, 14, 34)}
     assert kernel_choice._fastest(amx) == PathPlan.fixed(ONEDNN)
     # The kernel leads to 16 rows, tiles beyond, oneDNN a little behind both: the mix.
-    zen = {"kernel": timings(4, 4, 5, 5, 6, 6, 20, 20, 300), "tiles_f32": timings(20, 20, 20, 20, 20, 20, 21, 21, 100),
-           ONEDNN: timings(6, 6, 7, 7, 8, 8, 22, 22, 110)}
-    assert kernel_choice._fastest(zen).paths == ("kernel",) * 4 + ("tiles_f32",)
-    assert kernel_choice._with_forced(PathPlan.fixed(ONEDNN), {4: "tiles_f32"}).paths == ("kernel",) * 4 + ("tiles_f32",)
-    assert kernel_choice._with_forced(PathPlan.fixed("kernel"), {c: ONEDNN for c in range(5)}) == PathPlan.fixed(ONEDNN)
+    zen = {"kernel": timings(4, 4, 5, 5, 6, 6, 20, 20, 110, 110, 300),
+           "tiles_f32": timings(20, 20, 20, 20, 20, 20, 21, 21, 45, 45, 100),
+           ONEDNN: timings(6, 6, 7, 7, 8, 8, 22, 22, 50, 50, 110)}
+    assert kernel_choice._fastest(zen).paths == ("kernel",) * 4 + ("tiles_f32",) * 2
+    assert kernel_choice._with_forced(PathPlan.fixed(ONEDNN), {4: "tiles_f32", 5: "tiles_f32"}).paths == \
+        ("kernel",) * 4 + ("tiles_f32",) * 2
+    assert kernel_choice._with_forced(PathPlan.fixed("kernel"), {c: ONEDNN for c in range(6)}) == PathPlan.fixed(ONEDNN)
 
 
 @pytest.fixture
@@ -185,11 +189,11 @@ def test_choices_are_measured_once_and_cached_per_machine(choices_dir, monkeypat
     real = kernel_choice._measure
     monkeypatch.setattr(kernel_choice, "_measure", lambda *args: measured.append(args[:3]) or real(*args))
     real_machine = kernel_choice.machine
-    for change in ({"cpu": "another CPU"}, {"kernels": "another build"}):
+    for change in ({"cpu": "another CPU"}, {"kernels": "another build"}, {"rows": [1, 2, 300]}):
         monkeypatch.setattr(kernel_choice, "machine", lambda change=change: {**real_machine(), **change})
         assert kernel_choice.choices_file() != stored
         choose_paths(_layers(), KERNELS)
-    assert measured == [("int4", 64, 128), ("int4", 96, 128), ("int8", 80, 64)] * 2
+    assert measured == [("int4", 64, 128), ("int4", 96, 128), ("int8", 80, 64)] * 3
 
 
 def test_an_unreadable_choices_file_is_measured_again(choices_dir):
@@ -204,7 +208,7 @@ def test_the_environment_forces_paths_over_the_measured_ones(choices_dir, monkey
     monkeypatch.setenv(ENV, "int4=tiles_bf16, int4:1=tiles_f32")
     layers = _layers()
     choices = choose_paths(layers, KERNELS)
-    assert layers[0].plan.paths == ("tiles_f32",) + ("tiles_bf16",) * 4
+    assert layers[0].plan.paths == ("tiles_f32",) + ("tiles_bf16",) * (len(ROW_CLASSES) - 1)
     assert choices[0].forced == (True,) * len(ROW_CLASSES)
     assert choices[0].seconds == {}  # every class forced: nothing timed for it
     assert not any(choices[2].forced)  # int8 keeps its measured paths
@@ -220,10 +224,10 @@ def test_a_bad_forced_path_is_a_one_line_error(text):
         forced_paths(text)
     assert "\n" not in str(error.value)
     assert forced_paths("") == {}
-    assert forced_paths("int8:65-512=tiles_f32") == {("int8", 4): "tiles_f32"}
+    assert forced_paths("int8:193-512=tiles_f32") == {("int8", 5): "tiles_f32"}
 
 
-@pytest.mark.parametrize("text", ["int4=onednn", "bf16:65-512=onednn"])
+@pytest.mark.parametrize("text", ["int4=onednn", "bf16:65-192=onednn"])
 def test_onednn_is_forced_for_bf16_and_all_its_rows_only(text):
     with pytest.raises(ModelLoadError, match="onednn is a layout of bf16 weights") as error:
         forced_paths(text)
@@ -231,7 +235,7 @@ def test_onednn_is_forced_for_bf16_and_all_its_rows_only(text):
 
 
 @BLOCKED_BF16
-@pytest.mark.parametrize("forced, blocked", [("bf16=onednn", False), ("bf16=kernel,bf16:65-512=tiles_f32", True)])
+@pytest.mark.parametrize("forced, blocked", [("bf16=onednn", False), ("bf16=kernel,bf16:193-512=tiles_f32", True)])
 def test_bf16_projections_are_laid_out_as_their_plan_says(choices_dir, monkeypatch, forced, blocked):
     layers = [DenseLinear(torch.randn(64, 128).bfloat16()), DenseLinear(torch.randn(64, 128).bfloat16())]
     head = DenseLinear(torch.randn(80, 128).bfloat16())

@@ -37,7 +37,7 @@ def test_merged_int4_layer_gives_each_parts_output(kernels, rows):
     scratch = Scratch()
     parts = [Int4Linear(int4.quantize(w), scratch=scratch, kernels=kind) for w in _weights(rows)]
     for part in parts:
-        part.plan = PathPlan(("kernel",) * 3 + ("tiles_f32",) * 2)  # 80 rows: the dequantized-tile path
+        part.plan = PathPlan(("kernel",) * 3 + ("tiles_f32",) * 3)  # 80 rows: the dequantized-tile path
     merged = MergedLinear(("q", "k", "v"), parts)
     assert isinstance(merged.linear, Int4Linear) and merged.linear.out_features == sum(SIZES)
     x = torch.randn(rows, 128)

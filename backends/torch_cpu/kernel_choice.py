@@ -14,7 +14,7 @@ whose candidates also include oneDNN's prepacked weight: a layout of its own, so
 for every row class or none, whichever's worst class lags least.
 
 ``QWEN_SERVE_KERNELS`` forces paths over the measured ones: ``int4=tiles_bf16``, or per row class
-``int4:65-512=tiles_f32,int8=kernel,bf16=onednn`` (kinds int4, int8 and bf16; onednn for bf16
+``int4:193-512=tiles_f32,int8=kernel,bf16=onednn`` (kinds int4, int8 and bf16; onednn for bf16
 only and for all its rows; a path the CPU runs slowly, such as bf16 tiles without native bf16, is
 still correct).
 """
@@ -153,7 +153,7 @@ def machine() -> dict:
     """What the timings depend on; a change in any of it means measuring again."""
     flags = sorted(f for f in cpu_features() if f.startswith(("avx", "amx", "fma", "f16c")))
     return {"cpu": cpu_model(), "flags": flags, "kernels": build_key(), "torch": torch.__version__,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "rows": PROBE_ROWS}
 
 
 def choices_file() -> Path:

@@ -9,6 +9,7 @@
 // half the instructions of int16 activations. The earlier int16 kernel, its accumulators indexed
 // by a run-time row count (so kept on the stack), read 10.6 GB/s of codes at one row on two Zen 3
 // cores: compute-bound far below the ~30 GB/s the memory gives.
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -108,8 +109,10 @@ constexpr int64_t PREFETCH_ROWS = 4;
 // NB output rows times MT rows of x: NB * MT independent accumulator chains held in registers
 // (with the codes of the NB rows; the activations are read from memory by vpmaddubsw).
 // Codes are 0..15 and activations within +-127, so a pair's sum (<= 3,810) and two pairs'
-// (<= 7,620) fit vpmaddubsw's and vpaddw's int16 without saturating.
-template <int NB, int MT>
+// (<= 7,620) fit vpmaddubsw's and vpaddw's int16 without saturating. OFFSETS: the zero points'
+// and centring's terms are summed here (a few rows of x); otherwise y already holds them
+// (q4_offsets) and the tile adds to it.
+template <int NB, int MT, bool OFFSETS>
 QS_AVX2 QS_INLINE void q4_tile(const Activations8& a, int64_t m0, int64_t K, const uint8_t* packed,
                                const uint16_t* scale, const uint16_t* zero, float* y, int64_t N, int64_t n0) {
   const int64_t groups = K / GROUP;
@@ -120,44 +123,89 @@ QS_AVX2 QS_INLINE void q4_tile(const Activations8& a, int64_t m0, int64_t K, con
     for (int m = 0; m < MT; m++) acc[n][m] = _mm256_setzero_ps(), offset[n][m] = 0.f;
   for (int64_t g = 0; g < groups; g++) {
     __m256i lo[NB], hi[NB];
-    float s[NB], z[NB];
+    __m256 s[NB];
+    float s1[NB], z[NB];
     for (int n = 0; n < NB; n++) {
       const uint8_t* codes = packed + (n0 + n) * (K / 2) + g * HALF;
       _mm_prefetch(reinterpret_cast<const char*>(codes + PREFETCH_ROWS * (K / 2)), _MM_HINT_T0);
       const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
       lo[n] = _mm256_and_si256(b, low4);
       hi[n] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
-      s[n] = _cvtsh_ss(scale[(n0 + n) * groups + g]);
-      z[n] = _cvtsh_ss(zero[(n0 + n) * groups + g]);
+      s1[n] = _cvtsh_ss(scale[(n0 + n) * groups + g]);
+      if (OFFSETS) z[n] = _cvtsh_ss(zero[(n0 + n) * groups + g]);
+      else s[n] = _mm256_set1_ps(s1[n]);
     }
     for (int m = 0; m < MT; m++) {
       const int64_t i = (m0 + m) * groups + g;
       const __m256i* xg = reinterpret_cast<const __m256i*>(a.q.data() + i * GROUP);
       const __m256i evens = _mm256_loadu_si256(xg), odds = _mm256_loadu_si256(xg + 1);
+      const __m256 x_scale = _mm256_broadcast_ss(a.scale.data() + i);  // a load, no shuffle
       for (int n = 0; n < NB; n++) {
         const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[n], evens), _mm256_maddubs_epi16(hi[n], odds));
         const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-        acc[n][m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(s[n] * a.scale[i]), acc[n][m]);
-        offset[n][m] += z[n] * a.sum[i] + s[n] * a.centring[i];
+        if (OFFSETS) {  // measured faster at a few rows: the scalar product, broadcast
+          acc[n][m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(s1[n] * a.scale[i]), acc[n][m]);
+          offset[n][m] += z[n] * a.sum[i] + s1[n] * a.centring[i];
+        } else {
+          acc[n][m] = _mm256_fmadd_ps(_mm256_mul_ps(dot, x_scale), s[n], acc[n][m]);
+        }
       }
     }
   }
   for (int n = 0; n < NB; n++)
-    for (int m = 0; m < MT; m++) y[(m0 + m) * N + n0 + n] = hsum(acc[n][m]) + offset[n][m];
+    for (int m = 0; m < MT; m++) {
+      float& out = y[(m0 + m) * N + n0 + n];
+      out = OFFSETS ? hsum(acc[n][m]) + offset[n][m] : out + hsum(acc[n][m]);
+    }
 }
 
+// Rows of x past which the offsets are one float32 GEMM before the tiles (q4_offsets), and the
+// output rows are taken in panels that stay in cache while every 8 rows of x pass over them.
+constexpr int64_t FEW_ROWS = 16;
+constexpr int64_t PANEL_ROWS = 64;
+
 // Output rows [n_begin, n_end): at one row of x, 4 output rows at a time (4 chains hide the
-// multiply-add latency); at more, one output row by up to 8 rows of x.
+// multiply-add latency); at a few, one output row by all of them; past that, panels of output
+// rows by 8 rows of x at a time.
 QS_AVX2 void q4_rows(const Activations8& a, int64_t M, int64_t K, const uint8_t* packed, const uint16_t* scale,
                      const uint16_t* zero, int64_t N, float* y, int64_t n_begin, int64_t n_end) {
   int64_t n = n_begin;
   if (M == 1)
-    for (; n + 4 <= n_end; n += 4) q4_tile<4, 1>(a, 0, K, packed, scale, zero, y, N, n);
-  for (; n < n_end; n++)
+    for (; n + 4 <= n_end; n += 4) q4_tile<4, 1, true>(a, 0, K, packed, scale, zero, y, N, n);
+  if (M <= FEW_ROWS) {
+    for (; n < n_end; n++)
+      for (int64_t m0 = 0; m0 < M; m0 += 8)
+        with_count_1_to_8(M - m0, [&](auto rows) {
+          q4_tile<1, decltype(rows)::value, true>(a, m0, K, packed, scale, zero, y, N, n);
+        });
+    return;
+  }
+  for (int64_t p0 = n_begin; p0 < n_end; p0 += PANEL_ROWS) {
+    const int64_t p1 = p0 + PANEL_ROWS < n_end ? p0 + PANEL_ROWS : n_end;
     for (int64_t m0 = 0; m0 < M; m0 += 8)
       with_count_1_to_8(M - m0, [&](auto rows) {
-        q4_tile<1, decltype(rows)::value>(a, m0, K, packed, scale, zero, y, N, n);
+        for (int64_t r = p0; r < p1; r++) q4_tile<1, decltype(rows)::value, false>(a, m0, K, packed, scale, zero, y, N, r);
       });
+  }
+}
+
+// y [M, N] = the zero points' and centring's terms of every output: sum over groups g of
+// z[n, g] sum[m, g] + s[n, g] centring[m, g], one float32 GEMM ([M, 2G] by [2G, N]).
+QS_AVX2 void q4_offsets(const Activations8& a, int64_t M, int64_t K, const uint16_t* scale, const uint16_t* zero, int64_t N,
+                float* y) {
+  const int64_t groups = K / GROUP;
+  at::Tensor lhs = at::empty({M, 2 * groups}, at::kFloat), rhs = at::empty({2 * groups, N}, at::kFloat);
+  float *l = lhs.data_ptr<float>(), *r = rhs.data_ptr<float>();
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t g = 0; g < groups; g++) l[m * 2 * groups + g] = a.sum[m * groups + g],
+                                          l[m * 2 * groups + groups + g] = a.centring[m * groups + g];
+  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; n++)
+      for (int64_t g = 0; g < groups; g++) r[g * N + n] = _cvtsh_ss(zero[n * groups + g]),
+                                            r[(groups + g) * N + n] = _cvtsh_ss(scale[n * groups + g]);
+  });
+  at::Tensor out = at::from_blob(y, {M, N}, at::kFloat);
+  at::mm_out(out, lhs, rhs);
 }
 
 QS_AVX2 void q8_rows(const Activations& a, int64_t M, int64_t K, const int8_t* w, const float* scale, int64_t N,
@@ -229,6 +277,7 @@ Activations quantize_activations_avx2(const float* x, int64_t M, int64_t K) {
 void q4_matmul_avx2(const float* x, int64_t M, int64_t K, const uint8_t* packed, const uint16_t* scale,
                     const uint16_t* zero, int64_t N, float* y) {
   const Activations8 a = quantize8(x, M, K);
+  if (M > FEW_ROWS) q4_offsets(a, M, K, scale, zero, N, y);
   at::parallel_for(0, N, 16, [&](int64_t b, int64_t e) { q4_rows(a, M, K, packed, scale, zero, N, y, b, e); });
 }
 

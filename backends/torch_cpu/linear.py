@@ -126,9 +126,7 @@ class DenseLinear:
             x2 = x2.float().contiguous()
             path = "kernel" if self.plan is None else self.plan.path(x2.shape[0])
             if self.blocked_f32:  # every row count: batch invariance
-                f32_matmul = self.kernels.ops.f32b_matmul_avx512 if self.kernels.isa == "avx512" else \
-                    self.kernels.ops.f32b_matmul_avx2
-                y = f32_matmul(x2, self.blocked, self.out_features)
+                y = self.kernels.op("f32b_matmul")(x2, self.blocked, self.out_features)
             elif path == "kernel":
                 y = self.kernels.ops.bf16b_matmul_avx512(x2, self.blocked, self.out_features, self.kernels.bf16)
             else:

@@ -53,6 +53,11 @@ class Kernels:
     ops: Any  # torch.ops.qwen_serve
     bf16: bool = False
 
+    def op(self, name: str) -> Any:
+        """The operator `name` built for this ISA (`name`_avx512 or `name`_avx2), for the kernels
+        compiled at both widths."""
+        return getattr(self.ops, f"{name}_{self.isa}")
+
     def int8_activations(self, weights: str) -> bool:
         """Whether the decode kernel for "int4" or "int8" weights rounds the activations to int8
         per group of 64 (~0.6% relative error on a matmul; int16 otherwise, ~1e-4): the VNNI

@@ -39,9 +39,7 @@ class PagedDecode:
     def attend(self, layer: int, queries: torch.Tensor, scale: float) -> torch.Tensor:
         """queries [B, H, D] float32, rows at a stride (the q columns of the merged q/k/v output)
         -> [B, H, D]."""
-        kernel = self.kernels.ops.paged_decode_avx512 if self.kernels.isa == "avx512" else \
-            self.kernels.ops.paged_decode_avx2
-        return kernel(
+        return self.kernels.op("paged_decode")(
             queries, self.storage.keys[layer], self.storage.values[layer],
             self.block_tables, self.lengths, self.storage.block_size, scale)
 

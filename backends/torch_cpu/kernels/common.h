@@ -103,6 +103,19 @@ __attribute__((target("avx512f,fma"))) QS_INLINE __m512 exp_nonpositive(__m512 x
   return _mm512_scalef_ps(p, n);
 }
 
+// The sum and the largest of 8 lanes (AVX-512 has these as intrinsics).
+__attribute__((target("avx2"))) QS_INLINE float sum_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+__attribute__((target("avx2"))) QS_INLINE float max_avx2(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
 // The same for 8 lanes on AVX2 CPUs (2^n built in the exponent bits: n >= -126 after the clamp).
 __attribute__((target("avx2,fma"))) QS_INLINE __m256 exp_nonpositive_avx2(__m256 x) {
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));

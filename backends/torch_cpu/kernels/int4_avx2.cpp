@@ -26,12 +26,6 @@ namespace {
 
 constexpr int64_t HALF = 32;
 
-QS_AVX2 QS_INLINE float hsum(__m256 v) {
-  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-  return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
-}
-
 // Sum of the 64 products of one group: four vectors of 16 int16 weights by the group's codes.
 QS_AVX2 QS_INLINE __m256i dot_group(const __m256i w[4], const int16_t* xg) {
   const __m256i* xv = reinterpret_cast<const __m256i*>(xg);
@@ -77,9 +71,7 @@ QS_AVX2 Activations8 quantize8(const float* x, int64_t M, int64_t K) {
       evens[j] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8));
       odds[j] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8));
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float top = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float top = max_avx2(amax);
     const __m256 inv = _mm256_set1_ps(top > 0.f ? 127.f / top : 0.f);
     __m256i qsum = _mm256_setzero_si256();
     auto codes = [&](const __m256* v) {
@@ -89,12 +81,9 @@ QS_AVX2 Activations8 quantize8(const float* x, int64_t M, int64_t K) {
     };
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + i * GROUP), codes(evens));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + i * GROUP + HALF), codes(odds));
-    alignas(32) int32_t lanes[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), qsum);
-    int32_t qtotal = 0;
-    for (int32_t lane : lanes) qtotal += lane;
+    const float qtotal = sum_avx2(_mm256_cvtepi32_ps(qsum));  // exact: |sum q| <= 64 * 127
     a.scale[i] = top / 127.f;
-    a.sum[i] = hsum(total);
+    a.sum[i] = sum_avx2(total);
     a.centring[i] = static_cast<float>(8.0 * (static_cast<double>(a.sum[i]) - static_cast<double>(a.scale[i]) * qtotal));
   }
   return a;
@@ -139,15 +128,14 @@ QS_AVX2 QS_INLINE void q4_tile(const Activations8& a, int64_t m0, int64_t K, con
       const int64_t i = (m0 + m) * groups + g;
       const __m256i* xg = reinterpret_cast<const __m256i*>(a.q.data() + i * GROUP);
       const __m256i evens = _mm256_loadu_si256(xg), odds = _mm256_loadu_si256(xg + 1);
-      const __m256 x_scale = _mm256_broadcast_ss(a.scale.data() + i);  // a load, no shuffle
       for (int n = 0; n < NB; n++) {
         const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[n], evens), _mm256_maddubs_epi16(hi[n], odds));
         const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
         if (OFFSETS) {  // measured faster at a few rows: the scalar product, broadcast
           acc[n][m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(s1[n] * a.scale[i]), acc[n][m]);
           offset[n][m] += z[n] * a.sum[i] + s1[n] * a.centring[i];
-        } else {
-          acc[n][m] = _mm256_fmadd_ps(_mm256_mul_ps(dot, x_scale), s[n], acc[n][m]);
+        } else {  // the row's scale broadcast by a load, no shuffle
+          acc[n][m] = _mm256_fmadd_ps(_mm256_mul_ps(dot, _mm256_broadcast_ss(a.scale.data() + i)), s[n], acc[n][m]);
         }
       }
     }
@@ -155,7 +143,7 @@ QS_AVX2 QS_INLINE void q4_tile(const Activations8& a, int64_t m0, int64_t K, con
   for (int n = 0; n < NB; n++)
     for (int m = 0; m < MT; m++) {
       float& out = y[(m0 + m) * N + n0 + n];
-      out = OFFSETS ? hsum(acc[n][m]) + offset[n][m] : out + hsum(acc[n][m]);
+      out = OFFSETS ? sum_avx2(acc[n][m]) + offset[n][m] : out + sum_avx2(acc[n][m]);
     }
 }
 
@@ -226,7 +214,7 @@ QS_AVX2 void q8_rows(const Activations& a, int64_t M, int64_t K, const int8_t* w
           acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(a.scale[i]), acc[m]);
         }
       }
-      for (int m = 0; m < rows; m++) y[(m0 + m) * N + n] = hsum(acc[m]) * scale[n];
+      for (int m = 0; m < rows; m++) y[(m0 + m) * N + n] = sum_avx2(acc[m]) * scale[n];
     }
   }
 }

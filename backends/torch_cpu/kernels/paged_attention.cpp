@@ -74,16 +74,8 @@ QS_INLINE V add(V a, V b) { return _mm256_add_ps(a, b); }
 QS_INLINE V sub(V a, V b) { return _mm256_sub_ps(a, b); }
 QS_INLINE V mul(V a, V b) { return _mm256_mul_ps(a, b); }
 QS_INLINE V max(V a, V b) { return _mm256_max_ps(a, b); }
-QS_INLINE float sum_of(V v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-QS_INLINE float max_of(V v) {
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
-}
+QS_INLINE float sum_of(V v) { return sum_avx2(v); }
+QS_INLINE float max_of(V v) { return max_avx2(v); }
 QS_INLINE V exp_of_nonpositive(V x) { return exp_nonpositive_avx2(x); }
 
 #include "paged_attention_body.inc"

@@ -88,34 +88,47 @@ QS_AVX512 void silu_mul_row_avx512(const float* g, const float* u, int64_t from,
   }
 }
 
+// The same 8 floats at a time (a scalar tail), for AVX2 CPUs: 512 x 3584 took 3.5 ms with the scalar
+// loop on 2 Zen 3 cores.
+QS_AVX2 void silu_mul_row_avx2(const float* g, const float* u, int64_t from, int64_t to, float* out) {
+  const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f), zero = _mm256_setzero_ps();
+  int64_t i = from;
+  for (; i + 8 <= to; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i), uv = u ? _mm256_loadu_ps(u + i) : one;
+    const __m256 e = exp_nonpositive_avx2(_mm256_or_ps(gv, sign));  // e^-|g|
+    const __m256 numerator = _mm256_blendv_ps(one, e, _mm256_cmp_ps(gv, zero, _CMP_LT_OQ));
+    const __m256 sigmoid = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid), uv));
+  }
+  for (; i < to; i++) out[i] = g[i] / (1.f + std::exp(-g[i])) * (u ? u[i] : 1.f);
+}
+
+using SiluRow = void (*)(const float*, const float*, int64_t, int64_t, float*);
+
+void silu_mul_row_scalar(const float* g, const float* u, int64_t from, int64_t to, float* out) {
+  for (int64_t i = from; i < to; i++) out[i] = g[i] / (1.f + std::exp(-g[i])) * (u ? u[i] : 1.f);
+}
+
+SiluRow silu_row_kernel() {
+  static const SiluRow kernel = __builtin_cpu_supports("avx512f")                                   ? silu_mul_row_avx512
+                                : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? silu_mul_row_avx2
+                                                                                                    : silu_mul_row_scalar;
+  return kernel;
+}
+
 }  // namespace
 
 void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, int64_t gate_stride, int64_t up_stride,
               float* y) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  const SiluRow kernel = silu_row_kernel();
   at::parallel_for(0, T * n, 1 << 14, [&](int64_t b, int64_t e) {
     for (int64_t t = b / n; t * n < e; t++) {
       const int64_t from = std::max(b, t * n) - t * n, to = std::min(e, (t + 1) * n) - t * n;
-      const float* g = gate + t * gate_stride;
-      const float* u = up + t * up_stride;
-      float* out = y + t * n;
-      if (avx512) {
-        silu_mul_row_avx512(g, u, from, to, out);
-        continue;
-      }
-#pragma omp simd
-      for (int64_t i = from; i < to; i++) out[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+      kernel(gate + t * gate_stride, up + t * up_stride, from, to, y + t * n);
     }
   });
 }
 
-void silu_row(float* x, int64_t n) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  if (avx512) {
-    silu_mul_row_avx512(x, nullptr, 0, n, x);
-    return;
-  }
-  for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1.f + std::exp(-x[i]));
-}
+void silu_row(float* x, int64_t n) { silu_row_kernel()(x, nullptr, 0, n, x); }
 
 }  // namespace qs

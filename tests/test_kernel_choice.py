@@ -257,3 +257,23 @@ def test_forcing_a_kernel_this_machine_cannot_run_is_an_error(choices_dir, monke
     monkeypatch.setenv(ENV, "int4=kernel")
     with pytest.raises(ModelLoadError, match="cannot run"):
         choose_paths([Int4Linear(int4.quantize(np.ones((16, 64), np.float32)), kernels=None)], None)
+
+
+def test_the_delta_rule_block_is_the_fastest_timed_and_kept_with_the_choices(choices_dir, monkeypatch):
+    """Every candidate block is timed once per machine; a layer takes the fastest, read back from
+    the file after (synthetic timings there decide), and the kernel table shows them."""
+    from qwen_serve.backends.torch_cpu import delta_block
+
+    block, seconds = delta_block.choose_block(2, 8, 16)
+    assert set(seconds) == set(delta_block.CANDIDATES) and seconds[block] == min(seconds.values())
+    stored = kernel_choice.read_timings(kernel_choice.choices_file())
+    key = delta_block.shape_key(2, 8, 16)
+    assert stored[key][delta_block.PATH] == seconds
+    slowest = max(delta_block.CANDIDATES, key=seconds.get)
+    stored[key][delta_block.PATH] = {b: (0.001 if b == slowest else 0.002) for b in delta_block.CANDIDATES}
+    kernel_choice.write_timings(kernel_choice.choices_file(), stored)
+    monkeypatch.setattr(delta_block, "_time", lambda *args: pytest.fail("measured again"))
+    again, _ = delta_block.choose_block(2, 8, 16)
+    assert again == slowest
+    line = delta_block.describe(2, 8, 16, stored[key][delta_block.PATH], again)
+    assert f"{slowest}: 1.0*" in line and line.count("*") == 1

@@ -152,7 +152,8 @@ def test_chunked_and_recurrent_forms_equal_the_reference(length, heads, key_dim,
     q = q * key_dim ** -0.5  # the reference scales the queries itself
     chunked_state = initial.clone()
     wanted = sorted({1, length // 3 + 1, block, length} & set(range(1, length + 1)))  # inside and at block ends
-    chunked, snapshots = delta_rule.chunked(chunked_state, q, k, v, g, beta, block, snapshots=wanted)
+    snapshots = torch.full((len(wanted), heads, key_dim, value_dim), float("nan"))
+    chunked = delta_rule.chunked(chunked_state, q, k, v, g, beta, block, snapshots=list(zip(wanted, snapshots)))
     stepped_state, states_after = initial.clone()[None], {}
     stepped = []
     for t in range(length):
@@ -183,16 +184,23 @@ def test_the_convolution_carries_its_history_across_chunks():
 
 
 # --- the C++ decode step against the same step in torch ops --------------------------------------
-@pytest.mark.parametrize("key_heads,value_heads,fresh", [(2, 4, (False, True, False)), (3, 3, (False, False, False))])
-def test_the_decode_kernel_equals_torch_ops(key_heads, value_heads, fresh):
-    from qwen_serve.backends.torch_cpu.gated_deltanet import in_torch_ops
+def small_layer_and_kernels(key_heads: int, value_heads: int):
+    """A small Gated DeltaNet layer's kind and the built kernels (the test skips where they are not)."""
     from qwen_serve.backends.torch_cpu.native import load_kernels
-    from qwen_serve.backends.torch_cpu.state_storage import TorchStateStorage
 
     kernels = load_kernels()
     if kernels is None:
         pytest.skip("the C++ kernels are not built on this machine")
-    kind = GatedDeltaNet(num_key_heads=key_heads, num_value_heads=value_heads, key_dim=16, value_dim=32, conv_kernel=4)
+    return GatedDeltaNet(num_key_heads=key_heads, num_value_heads=value_heads, key_dim=16, value_dim=32,
+                         conv_kernel=4), kernels
+
+
+@pytest.mark.parametrize("key_heads,value_heads,fresh", [(2, 4, (False, True, False)), (3, 3, (False, False, False))])
+def test_the_decode_kernel_equals_torch_ops(key_heads, value_heads, fresh):
+    from qwen_serve.backends.torch_cpu.gated_deltanet import in_torch_ops
+    from qwen_serve.backends.torch_cpu.state_storage import TorchStateStorage
+
+    kind, kernels = small_layer_and_kernels(key_heads, value_heads)
     generator = torch.Generator().manual_seed(key_heads)
     rand = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
     storages = [TorchStateStorage([kind, kind], max_slots=6) for _ in range(2)]
@@ -207,14 +215,51 @@ def test_the_decode_kernel_equals_torch_ops(key_heads, value_heads, fresh):
     merged = rand(3, kind.conv_channels + width)  # the kernel reads column slices, as the layer gives it
     mixed, z = merged[:, :kind.conv_channels], merged[:, kind.conv_channels:]
     conv, out_norm = rand(kind.conv_channels, 4), rand(kind.value_dim)
-    g, beta = -torch.rand(3, value_heads, generator=generator), torch.rand(3, value_heads, generator=generator)
+    gates = 4 * rand(3, 2 * value_heads)  # a and b; softplus(a + dt_bias) reaches its linear part past 20
+    gates[0, 0] = 30.0
+    decay_rate, dt_bias = -rand(value_heads).exp(), rand(value_heads)
+    a, b = gates.split(value_heads, dim=-1)
+    g, beta = decay_rate * torch.nn.functional.softplus(a + dt_bias), torch.sigmoid(b)
     expected = in_torch_ops(kind, conv, out_norm, storages[0], 1, slots, fresh, mixed, z, g, beta, 1e-6, chunked=False)
-    got = kernels.ops.gated_delta_decode_(mixed, z, conv, storages[1].conv_history[1], storages[1].recurrent[1], slots, fresh,
-                                          g.exp(), beta, out_norm, key_heads, 1e-6)
+    got = kernels.ops.gated_delta_decode_(mixed, z, conv, storages[1].conv_history[1], storages[1].recurrent[1], slots,
+                                          fresh, gates, decay_rate, dt_bias, out_norm, key_heads, 1e-6)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     for a, b in ((storages[0].conv_history, storages[1].conv_history), (storages[0].recurrent, storages[1].recurrent)):
         torch.testing.assert_close(a[1], b[1], rtol=1e-5, atol=1e-5)  # the states advanced alike, in place
         torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)  # the other layer untouched
+
+
+@pytest.mark.parametrize("key_heads,value_heads,fresh,length", [(2, 4, True, 70), (3, 3, False, 2), (1, 2, False, 5)])
+def test_a_prefill_chunk_in_kernels_equals_torch_ops(key_heads, value_heads, fresh, length):
+    """The chunk's convolution and gate in C++ against in_torch_ops: its output, the state and history
+    it leaves, and the snapshots taken inside it (one before the history's length, one past a
+    delta-rule block)."""
+    from qwen_serve.backends.torch_cpu.gated_deltanet import chunk_in_kernel, in_torch_ops
+    from qwen_serve.backends.torch_cpu.state_storage import TorchStateStorage
+
+    kind, kernels = small_layer_and_kernels(key_heads, value_heads)
+    generator = torch.Generator().manual_seed(length)
+    rand = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+    storages = [TorchStateStorage([kind], max_slots=4) for _ in range(2)]
+    history, state = rand(4, *kind.state_shapes()[0]), rand(4, *kind.state_shapes()[1])
+    for storage in storages:
+        storage.ensure_slots(4)
+        storage.write(0, torch.arange(4), history, state)
+    width = value_heads * kind.value_dim
+    merged = rand(length, kind.conv_channels + width)
+    mixed, z = merged[:, :kind.conv_channels], merged[:, kind.conv_channels:]
+    conv, out_norm = rand(kind.conv_channels, 4), rand(kind.value_dim)
+    g = -torch.rand(length, value_heads, generator=generator)
+    beta = torch.rand(length, value_heads, generator=generator)
+    snapshots = [(rows, slot) for rows, slot in ((1, 0), (length - 1, 1), (66, 3)) if 1 <= rows <= length]
+    expected = in_torch_ops(kind, conv, out_norm, storages[0], 0, torch.tensor([2]), torch.tensor([fresh]), mixed, z,
+                            g, beta, 1e-6, chunked=True, snapshots=snapshots)
+    got = chunk_in_kernel(kind, kernels.ops, conv, out_norm, storages[1], 0, 2, fresh, mixed, z, g, beta, 1e-6,
+                          snapshots)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    for a, b in ((storages[0].conv_history[0], storages[1].conv_history[0]),
+                 (storages[0].recurrent[0], storages[1].recurrent[0])):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)  # slot 2 and the snapshots' slots alike
 
 
 @pytest.mark.parametrize("disabled", ["", "avx512_vnni"])

@@ -18,6 +18,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+DEFAULT_BLOCK = 64  # tokens per block of the chunked form until delta_block.py has timed this CPU
+
 
 def causal_conv(history: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's depthwise causal convolution then SiLU. history [taps - 1, C] are the
@@ -46,25 +48,25 @@ def recurrent_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
 
 
 def chunked(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-            beta: torch.Tensor, block: int = 64, snapshots: Sequence[int] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+            beta: torch.Tensor, block: int = DEFAULT_BLOCK, snapshots: Sequence[tuple[int, torch.Tensor]] = ()) -> torch.Tensor:
     """One sequence's n tokens: state [H, dk, dv] (updated in place), q, k [n, H, dk], v [n, H, dv],
-    g, beta [n, H] -> (outputs [n, H, dv], the states after each of the first `snapshots` tokens,
-    in increasing order, 1 <= each <= n)."""
+    g, beta [n, H] -> outputs [n, H, dv]. snapshots: (count, into) pairs in increasing count,
+    1 <= count <= n: the state after that many tokens is written into `into` [H, dk, dv] (where
+    the caller keeps it, so nothing is copied twice)."""
     q, k, v = (t.transpose(0, 1) for t in (q, k, v))  # [H, n, d]
     g, beta = g.t(), beta.t()  # [H, n]
     out = torch.empty_like(v)
-    taken: list[torch.Tensor] = []
     for first in range(0, q.shape[1], block):
         rows = slice(first, min(first + block, q.shape[1]))
-        inside = [t - first for t in snapshots if first < t <= rows.stop]
-        out[:, rows] = _block(state, q[:, rows], k[:, rows], v[:, rows], g[:, rows], beta[:, rows], inside, taken)
-    return out.transpose(0, 1), taken
+        inside = [(count - first, into) for count, into in snapshots if first < count <= rows.stop]
+        out[:, rows] = _block(state, q[:, rows], k[:, rows], v[:, rows], g[:, rows], beta[:, rows], inside)
+    return out.transpose(0, 1)
 
 
 def _block(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-           beta: torch.Tensor, snapshots: list[int], taken: list[torch.Tensor]) -> torch.Tensor:
-    """One block; appends to `taken` the states after each of its first `snapshots` tokens: after
-    j tokens, exp(G_j) S_0 + (exp(G_j - G_i) k_i)^T U'_i summed over i < j."""
+           beta: torch.Tensor, snapshots: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """One block; writes the states after each snapshot's count of its tokens: after j tokens,
+    exp(G_j) S_0 + (exp(G_j - G_i) k_i)^T U'_i summed over i < j."""
     n = q.shape[1]
     cumulative = g.cumsum(-1)  # G [H, n]
     gaps = cumulative.unsqueeze(-1) - cumulative.unsqueeze(-2)  # G_i - G_j [H, n, n]
@@ -75,13 +77,13 @@ def _block(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
     writes = solved[..., :v.shape[-1]] - solved[..., v.shape[-1]:] @ state  # U' [H, n, dv]
     out = (cumulative.exp().unsqueeze(-1) * q) @ state + ((q @ k.transpose(-1, -2)) * decays) @ writes
-    for j in snapshots:
+    for j, into in snapshots:
         if j < n:
             at = cumulative[:, j - 1:j]
-            taken.append(at.exp().unsqueeze(-1) * state +
-                         ((at - cumulative[:, :j]).exp().unsqueeze(-1) * k[:, :j]).transpose(-1, -2) @ writes[:, :j])
+            torch.mul(state, at.exp().unsqueeze(-1), out=into)
+            into.baddbmm_(((at - cumulative[:, :j]).exp().unsqueeze(-1) * k[:, :j]).transpose(-1, -2), writes[:, :j])
     last = cumulative[:, -1:]
     state.mul_(last.exp().unsqueeze(-1)).add_(((last - cumulative).exp().unsqueeze(-1) * k).transpose(-1, -2) @ writes)
-    if snapshots and snapshots[-1] == n:
-        taken.append(state.clone())
+    if snapshots and snapshots[-1][0] == n:
+        snapshots[-1][1].copy_(state)
     return out

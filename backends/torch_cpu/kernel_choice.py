@@ -96,7 +96,7 @@ def choose_paths(linears: Iterable, kernels: Kernels | None) -> list[ShapeChoice
     if not by_shape:
         return []
     path = choices_file()
-    stored = _read(path)
+    stored = read_timings(path)
     choices, measured = [], False
     for (kind, n, k), layers in by_shape.items():
         # a quantized layer carries the kernels it was built with; a bf16 one gets them when prepacked
@@ -118,7 +118,7 @@ def choose_paths(linears: Iterable, kernels: Kernels | None) -> list[ShapeChoice
             layer.plan = plan
         choices.append(ShapeChoice(kind, n, k, seconds or {}, plan, forced_classes))
     if measured:
-        _write(path, stored)
+        write_timings(path, stored)
     return choices
 
 
@@ -247,7 +247,7 @@ def _synthetic(kind: str, rows: int, cols: int, kernels: Kernels | None, plan: P
     return layer
 
 
-def _read(path: Path) -> dict[str, dict[str, dict[int, float]]]:
+def read_timings(path: Path) -> dict[str, dict[str, dict[int, float]]]:
     try:
         shapes = json.loads(path.read_text())["shapes"]
         return {key: {p: {int(n): float(t) for n, t in times.items()} for p, times in paths.items()}
@@ -256,7 +256,7 @@ def _read(path: Path) -> dict[str, dict[str, dict[int, float]]]:
         return {}  # none yet, or unreadable: measure again
 
 
-def _write(path: Path, shapes: dict) -> None:
+def write_timings(path: Path, shapes: dict) -> None:
     """Atomically (a concurrent load reads the old file or the new one, never half of one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(f".{os.getpid()}.tmp")

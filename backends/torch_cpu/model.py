@@ -16,6 +16,7 @@ from qwen_serve.models.config import ModelConfig
 from qwen_serve.models.weights import EMBEDDING, FINAL_NORM, TensorsByName, language_model_head, layer_prefix
 from qwen_serve.protocols import DraftRequest, KVCache, ScheduledChunk, StepBatch
 
+from . import delta_block
 from .attention import CachedAttention
 from .decoder_layer import LayerWeights, build_layer
 from .draft_head import DraftHeadLayers
@@ -58,6 +59,7 @@ class DecoderModel:
         # each packed shape's path per row count (a bf16 projection's layout too), then the layouts
         multiplied = [linear for linear in self.linears() if linear is not self.embed or linear is self.lm_head]
         self.kernel_choices = choose_paths(multiplied, kernels)
+        self.delta_blocks = delta_block.choose_delta_blocks(self.built_layers())
         for linear in [linear for layer in self.built_layers() for linear in layer.linears()]:
             if isinstance(linear, DenseLinear):
                 linear.prepack(kernels)
@@ -92,7 +94,8 @@ class DecoderModel:
 
     def kernel_table(self) -> list[str]:
         """KernelReport: the timings each quantized projection's paths were chosen from."""
-        return describe(self.kernel_choices)
+        return describe(self.kernel_choices) + [delta_block.describe(*geometry, seconds, chosen)
+                                                for geometry, (chosen, seconds) in self.delta_blocks.items()]
 
     def weight_bytes(self) -> int:
         total = sum(lin.nbytes() for lin in self.linears())

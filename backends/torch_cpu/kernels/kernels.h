@@ -78,12 +78,23 @@ void silu_row(float* x, int64_t n);  // in place, one row (no threads)
 // place in the backend's storage: mixed [B, C] (rows mixed_stride apart) is in_proj_qkv's output,
 // C = 2 Hk dk + Hv dv; its causal convolution reads and shifts conv_state[slots[b]] [taps - 1, C]
 // (conv_weight [C, taps]), then SiLU; q and k are L2-normalized per key head, q scaled by dk^-0.5;
-// each value head h (key head h / (Hv / Hk)) updates state[slots[b], h] [dk, dv] by decay[b, h] and
-// beta[b, h] and reads it with q; the reading is RMS-normed (norm_weight [dv], eps) and multiplied
-// by SiLU(z[b, h]) (z rows z_stride apart) into out [B, Hv dv]. fresh[b]: the sequence starts here,
-// its history and state are zeros.
+// each value head h (key head h / (Hv / Hk)) updates state[slots[b], h] [dk, dv] by its decay
+// exp(decay_rate[h] softplus(a + dt_bias[h])) and write strength sigmoid(b), where gates [B, 2 Hv]
+// (rows gates_stride apart) hold a then b, and reads it with q; the reading is RMS-normed
+// (norm_weight [dv], eps) and multiplied by SiLU(z[b, h]) (z rows z_stride apart) into out
+// [B, Hv dv]. fresh[b]: the sequence starts here, its history and state are zeros.
 void gated_delta_decode(const float* mixed, int64_t mixed_stride, const float* z, int64_t z_stride, int64_t B,
                         int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* conv_weight, int64_t taps,
-                        float* conv_state, float* state, const int64_t* slots, const bool* fresh, const float* decay,
-                        const float* beta, const float* norm_weight, float eps, float* out);
+                        float* conv_state, float* state, const int64_t* slots, const bool* fresh, const float* gates,
+                        int64_t gates_stride, const float* decay_rate, const float* dt_bias, const float* norm_weight,
+                        float eps, float* out);
+// The same convolution, SiLU and q/k norms for one sequence's prefill chunk: mixed [T, C] (rows
+// mixed_stride apart) -> out [T, C]; history [taps - 1, C] holds the inputs before the chunk and
+// afterwards the chunk's last ones.
+void gated_delta_conv(const float* mixed, int64_t mixed_stride, int64_t T, int64_t Hk, int64_t dk, int64_t C,
+                      const float* conv_weight, int64_t taps, float* history, float* out);
+// The delta rule's readings out [T, Hv, dv], in place: each head RMS-normed (norm_weight [dv], eps) and
+// multiplied by SiLU(z) (z [T, Hv dv], rows z_stride apart), as the decode step ends.
+void gated_delta_gate(float* out, const float* z, int64_t z_stride, int64_t T, int64_t Hv, int64_t dv,
+                      const float* norm_weight, float eps);
 }  // namespace qs

@@ -460,15 +460,17 @@ void bf16b_unpack_avx512_(const at::Tensor& codes, int64_t first, int64_t stop, 
 // [S, Hv, dk, dv] the storage's own contiguous float32 tensors, updated in place at rows slots.
 at::Tensor gated_delta_decode_(const at::Tensor& mixed, const at::Tensor& z, const at::Tensor& conv_weight,
                                at::Tensor conv_state, at::Tensor state, const at::Tensor& slots,
-                               const at::Tensor& fresh, const at::Tensor& decay, const at::Tensor& beta,
-                               const at::Tensor& norm_weight, int64_t key_heads, double eps) {
+                               const at::Tensor& fresh, const at::Tensor& gates, const at::Tensor& decay_rate,
+                               const at::Tensor& dt_bias, const at::Tensor& norm_weight, int64_t key_heads,
+                               double eps) {
   check_strided_rows(mixed, "mixed");
   check_strided_rows(z, "z");
   check_rows(conv_weight, "conv_weight");
   check_rows(conv_state, "conv_state");
   check_rows(state, "state");
-  check_rows(decay, "decay");
-  check_rows(beta, "beta");
+  check_strided_rows(gates, "gates");
+  check_rows(decay_rate, "decay_rate");
+  check_rows(dt_bias, "dt_bias");
   check_rows(norm_weight, "norm_weight");
   TORCH_CHECK(state.dim() == 4 && conv_state.dim() == 3 && conv_weight.dim() == 2, "state [S, Hv, dk, dv], "
               "conv_state [S, taps - 1, C] and conv_weight [C, taps] expected");
@@ -480,8 +482,8 @@ at::Tensor gated_delta_decode_(const at::Tensor& mixed, const at::Tensor& z, con
   TORCH_CHECK(conv_state.size(0) == S && conv_state.size(1) == taps - 1 && conv_state.size(2) == C,
               "conv_state must be [", S, ", ", taps - 1, ", ", C, "]");
   TORCH_CHECK(z.dim() == 2 && z.size(0) == B && z.size(1) == Hv * dv, "z must be [B, Hv * dv]");
-  TORCH_CHECK(decay.sizes() == beta.sizes() && decay.dim() == 2 && decay.size(0) == B && decay.size(1) == Hv,
-              "decay and beta must be [B, Hv]");
+  TORCH_CHECK(gates.dim() == 2 && gates.size(0) == B && gates.size(1) == 2 * Hv, "gates must be [B, 2 Hv]");
+  TORCH_CHECK(decay_rate.numel() == Hv && dt_bias.numel() == Hv, "decay_rate and dt_bias must have Hv elements");
   TORCH_CHECK(norm_weight.numel() == dv, "norm_weight must have dv elements");
   TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == B &&
                   fresh.scalar_type() == at::kBool && fresh.is_contiguous() && fresh.numel() == B,
@@ -491,10 +493,41 @@ at::Tensor gated_delta_decode_(const at::Tensor& mixed, const at::Tensor& z, con
   at::Tensor out = at::empty({B, Hv * dv}, mixed.options());
   qs::gated_delta_decode(mixed.data_ptr<float>(), mixed.stride(0), z.data_ptr<float>(), z.stride(0), B, key_heads, Hv,
                          dk, dv, conv_weight.data_ptr<float>(), taps, conv_state.data_ptr<float>(),
-                         state.data_ptr<float>(), slot, fresh.data_ptr<bool>(), decay.data_ptr<float>(),
-                         beta.data_ptr<float>(), norm_weight.data_ptr<float>(), static_cast<float>(eps),
-                         out.data_ptr<float>());
+                         state.data_ptr<float>(), slot, fresh.data_ptr<bool>(), gates.data_ptr<float>(),
+                         gates.stride(0), decay_rate.data_ptr<float>(), dt_bias.data_ptr<float>(),
+                         norm_weight.data_ptr<float>(), static_cast<float>(eps), out.data_ptr<float>());
   return out;
+}
+
+// One sequence's prefill chunk through Gated DeltaNet's convolution (kernels.h): mixed [T, C] rows at
+// a stride of their own, history [taps - 1, C] contiguous float32, updated in place -> [T, C].
+at::Tensor gated_delta_conv_(const at::Tensor& mixed, const at::Tensor& conv_weight, at::Tensor history,
+                             int64_t key_heads, int64_t key_dim) {
+  check_strided_rows(mixed, "mixed");
+  check_rows(conv_weight, "conv_weight");
+  check_rows(history, "history");
+  const int64_t T = mixed.size(0), C = mixed.size(1), taps = conv_weight.size(1);
+  TORCH_CHECK(mixed.dim() == 2 && conv_weight.dim() == 2 && conv_weight.size(0) == C, "mixed [T, C] and conv_weight "
+              "[C, taps] expected");
+  TORCH_CHECK(history.dim() == 2 && history.size(0) == taps - 1 && history.size(1) == C, "history must be [",
+              taps - 1, ", ", C, "]");
+  TORCH_CHECK(key_heads > 0 && key_dim > 0 && 2 * key_heads * key_dim <= C, "q and k must fit the channels");
+  at::Tensor out = at::empty({T, C}, mixed.options());
+  qs::gated_delta_conv(mixed.data_ptr<float>(), mixed.stride(0), T, key_heads, key_dim, C,
+                       conv_weight.data_ptr<float>(), taps, history.data_ptr<float>(), out.data_ptr<float>());
+  return out;
+}
+
+// The delta rule's readings [T, Hv * dv] (contiguous float32), in place: RMSNorm per head times SiLU(z).
+void gated_delta_gate_(at::Tensor out, const at::Tensor& z, const at::Tensor& norm_weight, double eps) {
+  check_rows(out, "out");
+  check_strided_rows(z, "z");
+  check_rows(norm_weight, "norm_weight");
+  const int64_t dv = norm_weight.numel();
+  TORCH_CHECK(dv > 0 && dv <= 512 && out.dim() == 2 && out.size(1) % dv == 0, "out must be [T, heads * ", dv, "]");
+  TORCH_CHECK(z.dim() == 2 && z.sizes() == out.sizes(), "z must be shaped as out");
+  qs::gated_delta_gate(out.data_ptr<float>(), z.data_ptr<float>(), z.stride(0), out.size(0), out.size(1) / dv, dv,
+                       norm_weight.data_ptr<float>(), static_cast<float>(eps));
 }
 
 }  // namespace
@@ -521,8 +554,12 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("silu_mul", &silu_mul);
   m.def("q4b_moe_vnni8", &q4b_moe_vnni8);
   m.def("gated_delta_decode_(Tensor mixed, Tensor z, Tensor conv_weight, Tensor(a!) conv_state, Tensor(b!) state, "
-        "Tensor slots, Tensor fresh, Tensor decay, Tensor beta, Tensor norm_weight, int key_heads, float eps) -> Tensor",
+        "Tensor slots, Tensor fresh, Tensor gates, Tensor decay_rate, Tensor dt_bias, Tensor norm_weight, "
+        "int key_heads, float eps) -> Tensor",
         &gated_delta_decode_);
+  m.def("gated_delta_conv_(Tensor mixed, Tensor conv_weight, Tensor(a!) history, int key_heads, int key_dim) "
+        "-> Tensor", &gated_delta_conv_);
+  m.def("gated_delta_gate_(Tensor(a!) out, Tensor z, Tensor norm_weight, float eps) -> ()", &gated_delta_gate_);
   m.def("decode_layers_(Tensor(a!) hidden, Tensor x, Tensor[] weights, Tensor(b!)[] key_caches, "
         "Tensor(c!)[] value_caches, Tensor cos, Tensor sin, Tensor slots, Tensor block_tables, Tensor lengths, "
         "int block_size, int heads, int kv_heads, float eps, float scale, bool vnni, bool dot_bf16) -> Tensor", &decode_layers_);

@@ -38,7 +38,7 @@ from qwen_serve.errors import ModelLoadError
 from qwen_serve.quant.int4 import GROUP, Int4Weight
 
 from .int4_linear import Int4Linear, Int8Linear
-from .linear import DenseLinear, runs_bf16_kernel
+from .linear import DenseLinear, runs_bf16_column_kernel, runs_bf16_kernel
 from .native import Kernels, build_key, cpu_features, has_fast_bf16_matmul
 from .path_plan import CLASS_LABELS, ONEDNN, PATHS, ROW_CLASSES, PathPlan
 from .tiles import Scratch
@@ -79,7 +79,8 @@ def kind_of(linear, kernels: Kernels | None) -> str | None:
         return "int4"
     if type(linear) is Int8Linear:
         return "int8"
-    if type(linear) is DenseLinear and linear.weight is not None and runs_bf16_kernel(linear, kernels):
+    if type(linear) is DenseLinear and linear.weight is not None and (
+            runs_bf16_kernel(linear, kernels) or runs_bf16_column_kernel(linear, kernels)):
         return "bf16"
     return None
 

@@ -1,6 +1,8 @@
 """Float linear layers: bfloat16 in the blocked layout of the bf16 kernel, or oneDNN's reordered
-("prepacked") weight; float32 in the blocked layout of the float32 kernel on AVX-512 CPUs, else
-through oneDNN prepacked.
+("prepacked") weight (on AVX2 CPUs, which multiply no bf16 natively, in the float32 kernel's layout,
+widened in registers: torch's bf16 matmul took ~0.8 s per Qwen3.5-0.8B decode step on a Zen 3);
+float32 in the blocked layout of the float32 kernel on AVX-512 and AVX2 CPUs, else through oneDNN
+prepacked.
 
 float32 takes its kernel for every row count, so a row's result depends on that row alone (batch
 invariance: a request's logits the same alone or beside others; oneDNN took a matrix-vector path
@@ -53,6 +55,11 @@ def runs_bf16_kernel(layer: "DenseLinear", kernels: Kernels | None) -> bool:
         and layer.in_features % 2 == 0
 
 
+def runs_bf16_column_kernel(layer: "DenseLinear", kernels: Kernels | None) -> bool:
+    """AVX2 without AVX-512: bf16 weights in the float32 kernel's column layout, widened in registers."""
+    return layer.weight.dtype == torch.bfloat16 and kernels is not None and kernels.isa == "avx2"
+
+
 class DenseLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, scratch: Scratch | None = None) -> None:
         self.weight: torch.Tensor | None = weight.contiguous()
@@ -75,7 +82,7 @@ class DenseLinear:
     def prepack(self, kernels: Kernels | None = None) -> None:
         """float32 on AVX-512 or AVX2: the float32 kernel's layout, for every row count. bf16: the layout
         the plan names (without a plan: the blocked bf16 kernel's where ``kernels`` run it and
-        there is no AMX, else oneDNN's), the plain weight dropped (so lookup() works
+        there is no AMX, else oneDNN's; on AVX2 the columns), the plain weight dropped (so lookup() works
         only when blocked: not for a table an embedding shares). Leaves the layer as it was where
         neither runs."""
         if self.weight is None:
@@ -84,6 +91,9 @@ class DenseLinear:
             self._block(kernels, blocked.block_columns)
             return
         wants_blocked = "amx_bf16" not in cpu_features() if self.plan is None else ONEDNN not in self.plan.paths
+        if runs_bf16_column_kernel(self, kernels) and wants_blocked:
+            self._block(kernels, blocked.block_columns)
+            return
         if runs_bf16_kernel(self, kernels) and wants_blocked:
             self._block(kernels, blocked.block_pairs)
             return
@@ -102,7 +112,7 @@ class DenseLinear:
             return
         if runs_bf16_kernel(self, kernels):
             self._block(kernels, blocked.block_pairs)
-        elif runs_f32_kernel(self, kernels):
+        elif runs_f32_kernel(self, kernels) or runs_bf16_column_kernel(self, kernels):
             self._block(kernels, blocked.block_columns)
         else:
             self.dtype = torch.float32
@@ -119,6 +129,11 @@ class DenseLinear:
     def blocked_f32(self) -> bool:
         return self.blocked is not None and self.blocked.dtype == torch.float32
 
+    @property
+    def in_columns(self) -> bool:
+        """Blocked as [blocks, K, 16 rows] (float32 anywhere, bf16 on AVX2), not in pairs."""
+        return self.blocked is not None and self.blocked.dim() == 3
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
@@ -127,6 +142,8 @@ class DenseLinear:
             path = "kernel" if self.plan is None else self.plan.path(x2.shape[0])
             if self.blocked_f32:  # every row count: batch invariance
                 y = self.kernels.op("f32b_matmul")(x2, self.blocked, self.out_features)
+            elif path == "kernel" and self.in_columns:
+                y = self.kernels.ops.bf16c_matmul_avx2(x2, self.blocked, self.out_features)
             elif path == "kernel":
                 y = self.kernels.ops.bf16b_matmul_avx512(x2, self.blocked, self.out_features, self.kernels.bf16)
             else:
@@ -146,12 +163,16 @@ class DenseLinear:
         return transposed_tile(self.scratch, self.in_features, start, stop, dtype, self._unpack)
 
     def _unpack(self, first: int, last: int, out: torch.Tensor) -> None:
-        self.kernels.ops.bf16b_unpack_avx512_(self.blocked, first, last, out)
+        if self.in_columns:  # [K, blocks, 16] is the tile's order already
+            out[:, :(last - first) * blocked.BLOCK].view(self.in_features, last - first, blocked.BLOCK).copy_(
+                self.blocked[first:last].transpose(0, 1))
+        else:
+            self.kernels.ops.bf16b_unpack_avx512_(self.blocked, first, last, out)
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the weight as float32 (an embedding lookup when this is a tied embedding)."""
-        if self.blocked_f32:
-            return blocked.column_rows(self.blocked, ids)
+        if self.in_columns:
+            return blocked.column_rows(self.blocked, ids).float()
         if self.blocked is not None:
             return blocked.pair_rows(self.blocked, ids).float()
         return self.weight.index_select(0, ids).float()

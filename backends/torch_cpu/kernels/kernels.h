@@ -63,6 +63,8 @@ void bf16b_matmul_avx512(const float* x, int64_t M, int64_t K, const uint16_t* c
 // k in order, the same bits whatever M.
 void f32b_matmul_avx512(const float* x, int64_t M, int64_t K, const float* w, int64_t N, float* y);
 void f32b_matmul_avx2(const float* x, int64_t M, int64_t K, const float* w, int64_t N, float* y);
+// The same layout in bfloat16 (f32_avx2.cpp), widened to float32 in registers.
+void bf16c_matmul_avx2(const float* x, int64_t M, int64_t K, const uint16_t* w, int64_t N, float* y);
 
 // Fused element-wise steps of a decoder layer (fused.cpp), float32, rows independent; head_norm_rope
 // and silu_mul take rows at a stride (the column slices of a merged projection's output).

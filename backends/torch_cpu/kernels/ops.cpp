@@ -3,6 +3,7 @@
 // the same threads and never oversubscribe the cores.
 #include <ATen/ATen.h>
 #include <torch/library.h>
+#include <type_traits>
 
 #include "kernels.h"
 
@@ -139,15 +140,18 @@ at::Tensor bf16b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, int
 }
 
 // float32 weights [blocks, K, 16] (f32_avx512.cpp, f32_avx2.cpp).
+// W: float (float32 weights) or uint16_t (their bfloat16 bits).
+template <typename W>
 at::Tensor f32b_matmul(const at::Tensor& x, const at::Tensor& w, int64_t N,
-                       void (*kernel)(const float*, int64_t, int64_t, const float*, int64_t, float*)) {
-  TORCH_CHECK(w.dim() == 3 && w.size(2) == 16 && w.is_contiguous() && w.scalar_type() == at::kFloat &&
-                  w.size(0) == (N + 15) / 16, "w must be the contiguous blocked float32 layout");
+                       void (*kernel)(const float*, int64_t, int64_t, const W*, int64_t, float*)) {
+  const auto dtype = std::is_same_v<W, float> ? at::kFloat : at::kBFloat16;
+  TORCH_CHECK(w.dim() == 3 && w.size(2) == 16 && w.is_contiguous() && w.scalar_type() == dtype &&
+                  w.size(0) == (N + 15) / 16, "w must be the contiguous blocked ", dtype, " layout");
   const int64_t K = w.size(1);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == K,
               "x must be contiguous float32 [M, K]");
   at::Tensor y = at::empty({x.size(0), N}, x.options());
-  kernel(x.data_ptr<float>(), x.size(0), K, w.data_ptr<float>(), N, y.data_ptr<float>());
+  kernel(x.data_ptr<float>(), x.size(0), K, static_cast<const W*>(w.data_ptr()), N, y.data_ptr<float>());
   return y;
 }
 
@@ -159,6 +163,11 @@ at::Tensor f32b_matmul_avx512(const at::Tensor& x, const at::Tensor& w, int64_t 
 at::Tensor f32b_matmul_avx2(const at::Tensor& x, const at::Tensor& w, int64_t N) {
   require("avx2", __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
   return f32b_matmul(x, w, N, qs::f32b_matmul_avx2);
+}
+
+at::Tensor bf16c_matmul_avx2(const at::Tensor& x, const at::Tensor& w, int64_t N) {
+  require("avx2", __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
+  return f32b_matmul(x, w, N, qs::bf16c_matmul_avx2);
 }
 
 void check_rows(const at::Tensor& x, const char* name) {
@@ -547,6 +556,7 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("bf16b_matmul_avx512", &bf16b_matmul_avx512);
   m.def("f32b_matmul_avx512", &f32b_matmul_avx512);
   m.def("f32b_matmul_avx2", &f32b_matmul_avx2);
+  m.def("bf16c_matmul_avx2", &bf16c_matmul_avx2);
   m.def("bf16b_unpack_avx512_(Tensor codes, int first, int stop, Tensor(a!) out) -> ()", &bf16b_unpack_avx512_);
   m.def("rms_norm", &rms_norm);
   m.def("add_rms_norm_(Tensor(a!) hidden, Tensor delta, Tensor weight, float eps) -> Tensor", &add_rms_norm_);

@@ -221,8 +221,9 @@ def test_the_decode_kernel_equals_torch_ops(key_heads, value_heads, fresh):
     a, b = gates.split(value_heads, dim=-1)
     g, beta = decay_rate * torch.nn.functional.softplus(a + dt_bias), torch.sigmoid(b)
     expected = in_torch_ops(kind, conv, out_norm, storages[0], 1, slots, fresh, mixed, z, g, beta, 1e-6, chunked=False)
-    got = kernels.ops.gated_delta_decode_(mixed, z, conv, storages[1].conv_history[1], storages[1].recurrent[1], slots,
-                                          fresh, gates, decay_rate, dt_bias, out_norm, key_heads, 1e-6)
+    got = kernels.ops.gated_delta_decode_(mixed, z, conv.t().contiguous(), storages[1].conv_history[1],
+                                          storages[1].recurrent[1], slots, fresh, gates, decay_rate, dt_bias, out_norm,
+                                          key_heads, 1e-6)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     for a, b in ((storages[0].conv_history, storages[1].conv_history), (storages[0].recurrent, storages[1].recurrent)):
         torch.testing.assert_close(a[1], b[1], rtol=1e-5, atol=1e-5)  # the states advanced alike, in place
@@ -254,7 +255,7 @@ def test_a_prefill_chunk_in_kernels_equals_torch_ops(key_heads, value_heads, fre
     snapshots = [(rows, slot) for rows, slot in ((1, 0), (length - 1, 1), (66, 3)) if 1 <= rows <= length]
     expected = in_torch_ops(kind, conv, out_norm, storages[0], 0, torch.tensor([2]), torch.tensor([fresh]), mixed, z,
                             g, beta, 1e-6, chunked=True, snapshots=snapshots)
-    got = chunk_in_kernel(kind, kernels.ops, conv, out_norm, storages[1], 0, 2, fresh, mixed, z, g, beta, 1e-6,
+    got = chunk_in_kernel(kind, kernels.ops, conv.t().contiguous(), out_norm, storages[1], 0, 2, fresh, mixed, z, g, beta, 1e-6,
                           snapshots)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     for a, b in ((storages[0].conv_history[0], storages[1].conv_history[0]),

@@ -103,7 +103,9 @@ class GatedDeltaNetLayer:
         # do not depend on how many rows the step has (torch's GEMM would), so verifying drafts
         # computes what decoding would
         self.gates = DenseLinear(torch.cat([take("in_proj_a.weight"), take("in_proj_b.weight")]))
-        self.conv = take("conv1d.weight").reshape(kind.conv_channels, kind.conv_kernel)
+        # [taps, channels], each tap's weights contiguous as the kernels read them; in_torch_ops takes
+        # the transposed view
+        self.conv_by_tap = take("conv1d.weight").reshape(kind.conv_channels, kind.conv_kernel).t().contiguous()
         self.decay_rate = -take("A_log").exp()  # g = decay_rate * softplus(a + dt_bias)
         self.dt_bias = take("dt_bias")
         self.out_norm = take("norm.weight")
@@ -114,7 +116,7 @@ class GatedDeltaNetLayer:
 
     def norms(self) -> list[torch.Tensor]:
         """The float tensors beside the linears, as weight_bytes counts them."""
-        return [self.conv, self.decay_rate, self.dt_bias, self.out_norm]
+        return [self.conv_by_tap, self.decay_rate, self.dt_bias, self.out_norm]
 
     def projections(self) -> Iterator[tuple[str, object, str]]:
         for name in self.in_proj.names:
@@ -128,7 +130,7 @@ class GatedDeltaNetLayer:
         gates = self.gates(x.float())  # [T, 2 * value heads]: a, then b
         storage, eps = cache.state_storage, config.rms_norm_eps
         in_kernel = ops.ops is not None and type(storage) is TorchStateStorage and float_rows(mixed, z)
-        decode = partial(ops.ops.gated_delta_decode_, conv_weight=self.conv, conv_state=storage.conv_history[index],
+        decode = partial(ops.ops.gated_delta_decode_, conv_weight=self.conv_by_tap, conv_state=storage.conv_history[index],
                          state=storage.recurrent[index], decay_rate=self.decay_rate, dt_bias=self.dt_bias,
                          norm_weight=self.out_norm, key_heads=kind.num_key_heads, eps=eps) if in_kernel else None
         if decode is not None and layout.decoding:  # row i is chunk i's one row: no gathers or scatters
@@ -142,7 +144,7 @@ class GatedDeltaNetLayer:
             if decode is not None:
                 out[rows] = decode(mixed[rows], z[rows], slots=slots, fresh=step_rows.fresh, gates=gates[rows])
             else:
-                out[rows] = in_torch_ops(kind, self.conv, self.out_norm, storage, index, slots, step_rows.fresh,
+                out[rows] = in_torch_ops(kind, self.conv_by_tap.t(), self.out_norm, storage, index, slots, step_rows.fresh,
                                          mixed[rows], z[rows], g[rows], beta[rows], eps, chunked=False)
             if step_rows.copies:  # states a rewind may return to, or prefix-cache snapshots
                 held = storage.read(index, layout.slots[[chunk for chunk, _ in step_rows.copies]])
@@ -150,17 +152,17 @@ class GatedDeltaNetLayer:
         for i in layout.chunked:
             rows = layout.rows[i]
             if in_kernel:
-                out[rows] = chunk_in_kernel(kind, ops.ops, self.conv, self.out_norm, storage, index,
+                out[rows] = chunk_in_kernel(kind, ops.ops, self.conv_by_tap, self.out_norm, storage, index,
                                             int(layout.slots[i]), bool(layout.fresh[i]), mixed[rows], z[rows],
                                             g[rows], beta[rows], eps, layout.snapshots[i], self.block)
             else:
-                out[rows] = in_torch_ops(kind, self.conv, self.out_norm, storage, index, layout.slots[i:i + 1],
+                out[rows] = in_torch_ops(kind, self.conv_by_tap.t(), self.out_norm, storage, index, layout.slots[i:i + 1],
                                          layout.fresh[i:i + 1], mixed[rows], z[rows], g[rows], beta[rows], eps,
                                          chunked=True, snapshots=layout.snapshots[i], block=self.block)
         return self.out_proj(out)
 
 
-def chunk_in_kernel(kind: GatedDeltaNet, kernels, conv: torch.Tensor, out_norm: torch.Tensor,
+def chunk_in_kernel(kind: GatedDeltaNet, kernels, conv_by_tap: torch.Tensor, out_norm: torch.Tensor,
                     storage: TorchStateStorage, index: int, slot: int, fresh: bool, mixed: torch.Tensor,
                     z: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, eps: float,
                     snapshots: Sequence[tuple[int, int]], block: int = delta_rule.DEFAULT_BLOCK) -> torch.Tensor:
@@ -175,7 +177,7 @@ def chunk_in_kernel(kind: GatedDeltaNet, kernels, conv: torch.Tensor, out_norm: 
         state.zero_()
     for rows, into in snapshots:  # the history after each snapshot's rows, before the kernel moves it on
         history_after(history, mixed, rows, histories[into])
-    convolved = kernels.gated_delta_conv_(mixed, conv, history, kind.num_key_heads, kind.key_dim)
+    convolved = kernels.gated_delta_conv_(mixed, conv_by_tap, history, kind.num_key_heads, kind.key_dim)
     q, k, v = heads_of(kind, convolved)
     out = delta_rule.chunked(state, q, k, v, g, beta, block,
                              [(rows, states[into]) for rows, into in snapshots]).reshape(mixed.shape[0], -1)

@@ -79,7 +79,7 @@ void silu_row(float* x, int64_t n);  // in place, one row (no threads)
 // One decode step of Gated DeltaNet for B sequences (delta_rule.cpp), float32, the state updated in
 // place in the backend's storage: mixed [B, C] (rows mixed_stride apart) is in_proj_qkv's output,
 // C = 2 Hk dk + Hv dv; its causal convolution reads and shifts conv_state[slots[b]] [taps - 1, C]
-// (conv_weight [C, taps]), then SiLU; q and k are L2-normalized per key head, q scaled by dk^-0.5;
+// (conv_weight [taps, C], each tap's weights contiguous), then SiLU; q and k are L2-normalized per key head, q scaled by dk^-0.5;
 // each value head h (key head h / (Hv / Hk)) updates state[slots[b], h] [dk, dv] by its decay
 // exp(decay_rate[h] softplus(a + dt_bias[h])) and write strength sigmoid(b), where gates [B, 2 Hv]
 // (rows gates_stride apart) hold a then b, and reads it with q; the reading is RMS-normed

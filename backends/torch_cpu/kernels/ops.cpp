@@ -482,11 +482,11 @@ at::Tensor gated_delta_decode_(const at::Tensor& mixed, const at::Tensor& z, con
   check_rows(dt_bias, "dt_bias");
   check_rows(norm_weight, "norm_weight");
   TORCH_CHECK(state.dim() == 4 && conv_state.dim() == 3 && conv_weight.dim() == 2, "state [S, Hv, dk, dv], "
-              "conv_state [S, taps - 1, C] and conv_weight [C, taps] expected");
+              "conv_state [S, taps - 1, C] and conv_weight [taps, C] expected");
   const int64_t B = mixed.size(0), S = state.size(0), Hv = state.size(1), dk = state.size(2), dv = state.size(3);
-  const int64_t C = 2 * key_heads * dk + Hv * dv, taps = conv_weight.size(1);
+  const int64_t C = 2 * key_heads * dk + Hv * dv, taps = conv_weight.size(0);
   TORCH_CHECK(key_heads > 0 && Hv % key_heads == 0 && dv <= 512, "value heads must share key heads evenly, dv <= 512");
-  TORCH_CHECK(mixed.dim() == 2 && mixed.size(1) == C && conv_weight.size(0) == C, "mixed and conv_weight must have ",
+  TORCH_CHECK(mixed.dim() == 2 && mixed.size(1) == C && conv_weight.size(1) == C, "mixed and conv_weight must have ",
               C, " channels");
   TORCH_CHECK(conv_state.size(0) == S && conv_state.size(1) == taps - 1 && conv_state.size(2) == C,
               "conv_state must be [", S, ", ", taps - 1, ", ", C, "]");
@@ -515,9 +515,9 @@ at::Tensor gated_delta_conv_(const at::Tensor& mixed, const at::Tensor& conv_wei
   check_strided_rows(mixed, "mixed");
   check_rows(conv_weight, "conv_weight");
   check_rows(history, "history");
-  const int64_t T = mixed.size(0), C = mixed.size(1), taps = conv_weight.size(1);
-  TORCH_CHECK(mixed.dim() == 2 && conv_weight.dim() == 2 && conv_weight.size(0) == C, "mixed [T, C] and conv_weight "
-              "[C, taps] expected");
+  const int64_t T = mixed.size(0), C = mixed.size(1), taps = conv_weight.size(0);
+  TORCH_CHECK(mixed.dim() == 2 && conv_weight.dim() == 2 && conv_weight.size(1) == C, "mixed [T, C] and conv_weight "
+              "[taps, C] expected");
   TORCH_CHECK(history.dim() == 2 && history.size(0) == taps - 1 && history.size(1) == C, "history must be [",
               taps - 1, ", ", C, "]");
   TORCH_CHECK(key_heads > 0 && key_dim > 0 && 2 * key_heads * key_dim <= C, "q and k must fit the channels");

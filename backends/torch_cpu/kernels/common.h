@@ -21,6 +21,19 @@ namespace qs {
 
 constexpr int64_t GROUP = 64;
 
+// The widest of the kernels' vector widths this CPU runs, for the kernels that choose it inside C++
+// (fused.cpp's SiLU, delta_rule.cpp); the others are chosen in Python (native.py).
+enum class Width { avx512, avx2, generic };
+
+inline Width cpu_width() {
+  static const Width width = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")
+                                 ? Width::avx512
+                             : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? Width::avx2
+                                                                                              : Width::generic;
+  return width;
+}
+
 // Activations as int16 per group of 64 (relative error ~1e-5: the float result for all practical
 // purposes), with each group's scale and exact float sum (for the zero points).
 struct Activations {

@@ -56,17 +56,6 @@ namespace delta_generic {
 #include "delta_rule_body.inc"
 }  // namespace delta_generic
 
-enum class Width { avx512, avx2, generic };
-
-Width cpu_width() {
-  static const Width width = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")
-                                 ? Width::avx512
-                             : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? Width::avx2
-                                                                                              : Width::generic;
-  return width;
-}
-
 }  // namespace
 
 #define QS_AT_CPU_WIDTH(name, CALL)                    \

@@ -62,18 +62,19 @@ def tolerance(kernels: Kernels | None, weights: str = "int4") -> float:
 
 @pytest.mark.parametrize("name", VARIANTS)
 @pytest.mark.parametrize("out_features", [37, 200, 256])
-def test_int4_kernel_matches_torch_at_every_decode_size(name, out_features):
+@pytest.mark.parametrize("in_features", [192, 640])  # 3 groups of 64; 10 (kernels that take groups 8 at a time)
+def test_int4_kernel_matches_torch_at_every_decode_size(name, out_features, in_features):
     rng = np.random.default_rng(out_features)
-    q = int4.quantize(rng.standard_normal((out_features, 192)).astype(np.float32))
+    q = int4.quantize(rng.standard_normal((out_features, in_features)).astype(np.float32))
     reference_weight = torch.from_numpy(int4.dequantize(q))
     layer = Int4Linear(q, kernels=VARIANTS[name])  # the kernel for every row count
     assert torch.equal(layer.dequantize(), reference_weight)  # the layout keeps every code
     for rows in range(1, 17):
-        x = _activations(rows, 192, seed=rows)
+        x = _activations(rows, in_features, seed=rows)
         y = layer(x)
         assert _rel(y, x @ reference_weight.T) < tolerance(VARIANTS[name]), rows
         assert torch.equal(layer(x[-1:]), y[-1:])  # a row's result does not depend on the batch
-    x = torch.randn(16, 192, generator=torch.Generator().manual_seed(0))  # no outlier channel
+    x = torch.randn(16, in_features, generator=torch.Generator().manual_seed(0))  # no outlier channel
     assert _rel(layer(x), x @ reference_weight.T) < tolerance(VARIANTS[name]) / 3
 
 

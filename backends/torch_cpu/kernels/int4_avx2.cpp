@@ -89,62 +89,80 @@ QS_AVX2 Activations8 quantize8(const float* x, int64_t M, int64_t K) {
   return a;
 }
 
-// Each row's codes are prefetched this many rows ahead, as they are read. At one row of x the
-// kernel reads rows 4 at a time, so this is the next tile: 9.4 -> 19 GB/s from memory for a
-// 7168 x 1024 layer (2 Zen 3 cores, each thread streaming its rows); the hardware prefetchers
-// alone fell behind the four interleaved streams.
-constexpr int64_t PREFETCH_ROWS = 4;
+// The codes are prefetched this many bytes ahead of their reads. A thread streams its output rows
+// one after another, so this runs straight into the next row: measured on two Zen 3 cores at one
+// row of x, 24 -> 30 GB/s from memory with one stream and this distance, against four rows' streams
+// interleaved with the next tile prefetched (the hardware prefetchers alone: 20-26 GB/s).
+constexpr int64_t PREFETCH_BYTES = 2048;
 
-// NB output rows times MT rows of x: NB * MT independent accumulator chains held in registers
-// (with the codes of the NB rows; the activations are read from memory by vpmaddubsw).
-// Codes are 0..15 and activations within +-127, so a pair's sum (<= 3,810) and two pairs'
-// (<= 7,620) fit vpmaddubsw's and vpaddw's int16 without saturating. OFFSETS: the zero points'
-// and centring's terms are summed here (a few rows of x); otherwise y already holds them
-// (q4_offsets) and the tile adds to it.
-template <int NB, int MT, bool OFFSETS>
+// Ahead of a few rows' tile: the output row's group scales times each row of x's (`scales`,
+// [MT][groups]) and the zero points' and centring's terms of each output (`offset`), eight groups a
+// vector. Inside the codes' loop, the half-precision conversions and scalar products of every group
+// cost about as much as the dot itself.
+template <int MT>
+QS_AVX2 QS_INLINE void few_rows_scales(const Activations8& a, int64_t m0, int64_t groups, const uint16_t* s_row,
+                                       const uint16_t* z_row, float* scales, float offset[MT]) {
+  for (int m = 0; m < MT; m++) {
+    const int64_t row = (m0 + m) * groups;
+    const float *x_scale = a.scale.data() + row, *x_sum = a.sum.data() + row, *x_centring = a.centring.data() + row;
+    float* out = scales + m * groups;
+    __m256 terms = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 8 <= groups; g += 8) {
+      const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s_row + g)));
+      const __m256 z = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(z_row + g)));
+      _mm256_storeu_ps(out + g, _mm256_mul_ps(s, _mm256_loadu_ps(x_scale + g)));
+      terms = _mm256_fmadd_ps(z, _mm256_loadu_ps(x_sum + g), _mm256_fmadd_ps(s, _mm256_loadu_ps(x_centring + g), terms));
+    }
+    float total = sum_avx2(terms);
+    for (; g < groups; g++) {
+      const float s = _cvtsh_ss(s_row[g]);
+      out[g] = s * x_scale[g];
+      total += _cvtsh_ss(z_row[g]) * x_sum[g] + s * x_centring[g];
+    }
+    offset[m] = total;
+  }
+}
+
+// Output row n times MT rows of x: MT accumulator chains in registers (with the row's codes; the
+// activations are read from memory by vpmaddubsw). Codes are 0..15 and activations within +-127,
+// so a pair's sum (<= 3,810) and two pairs' (<= 7,620) fit vpmaddubsw's and vpaddw's int16 without
+// saturating. OFFSETS (a few rows of x): the scales' products and the offsets come from
+// few_rows_scales, through `scales`; otherwise y already holds the offsets (q4_offsets) and the
+// tile adds to it.
+template <int MT, bool OFFSETS>
 QS_AVX2 QS_INLINE void q4_tile(const Activations8& a, int64_t m0, int64_t K, const uint8_t* packed,
-                               const uint16_t* scale, const uint16_t* zero, float* y, int64_t N, int64_t n0) {
+                               const uint16_t* scale, const uint16_t* zero, float* y, int64_t N, int64_t n,
+                               float* scales) {
   const int64_t groups = K / GROUP;
   const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 acc[NB][MT];
-  float offset[NB][MT];
-  for (int n = 0; n < NB; n++)
-    for (int m = 0; m < MT; m++) acc[n][m] = _mm256_setzero_ps(), offset[n][m] = 0.f;
+  __m256 acc[MT];
+  float offset[MT];
+  if (OFFSETS) few_rows_scales<MT>(a, m0, groups, scale + n * groups, zero + n * groups, scales, offset);
+  for (int m = 0; m < MT; m++) acc[m] = _mm256_setzero_ps();
+  const uint8_t* row = packed + n * (K / 2);
   for (int64_t g = 0; g < groups; g++) {
-    __m256i lo[NB], hi[NB];
-    __m256 s[NB];
-    float s1[NB], z[NB];
-    for (int n = 0; n < NB; n++) {
-      const uint8_t* codes = packed + (n0 + n) * (K / 2) + g * HALF;
-      _mm_prefetch(reinterpret_cast<const char*>(codes + PREFETCH_ROWS * (K / 2)), _MM_HINT_T0);
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
-      lo[n] = _mm256_and_si256(b, low4);
-      hi[n] = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
-      s1[n] = _cvtsh_ss(scale[(n0 + n) * groups + g]);
-      if (OFFSETS) z[n] = _cvtsh_ss(zero[(n0 + n) * groups + g]);
-      else s[n] = _mm256_set1_ps(s1[n]);
-    }
+    const uint8_t* codes = row + g * HALF;
+    _mm_prefetch(reinterpret_cast<const char*>(codes + PREFETCH_BYTES), _MM_HINT_T0);
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
+    const __m256i lo = _mm256_and_si256(b, low4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low4);
+    const __m256 s = OFFSETS ? _mm256_setzero_ps() : _mm256_set1_ps(_cvtsh_ss(scale[n * groups + g]));
     for (int m = 0; m < MT; m++) {
       const int64_t i = (m0 + m) * groups + g;
       const __m256i* xg = reinterpret_cast<const __m256i*>(a.q.data() + i * GROUP);
-      const __m256i evens = _mm256_loadu_si256(xg), odds = _mm256_loadu_si256(xg + 1);
-      for (int n = 0; n < NB; n++) {
-        const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo[n], evens), _mm256_maddubs_epi16(hi[n], odds));
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-        if (OFFSETS) {  // measured faster at a few rows: the scalar product, broadcast
-          acc[n][m] = _mm256_fmadd_ps(dot, _mm256_set1_ps(s1[n] * a.scale[i]), acc[n][m]);
-          offset[n][m] += z[n] * a.sum[i] + s1[n] * a.centring[i];
-        } else {  // the row's scale broadcast by a load, no shuffle
-          acc[n][m] = _mm256_fmadd_ps(_mm256_mul_ps(dot, _mm256_broadcast_ss(a.scale.data() + i)), s[n], acc[n][m]);
-        }
-      }
+      const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(xg)),
+                                             _mm256_maddubs_epi16(hi, _mm256_loadu_si256(xg + 1)));
+      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+      if (OFFSETS)  // a load that broadcasts: no shuffle, no conversion
+        acc[m] = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(scales + m * groups + g), acc[m]);
+      else  // the row's scale broadcast by a load, no shuffle
+        acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(dot, _mm256_broadcast_ss(a.scale.data() + i)), s, acc[m]);
     }
   }
-  for (int n = 0; n < NB; n++)
-    for (int m = 0; m < MT; m++) {
-      float& out = y[(m0 + m) * N + n0 + n];
-      out = OFFSETS ? sum_avx2(acc[n][m]) + offset[n][m] : out + sum_avx2(acc[n][m]);
-    }
+  for (int m = 0; m < MT; m++) {
+    float& out = y[(m0 + m) * N + n];
+    out = OFFSETS ? sum_avx2(acc[m]) + offset[m] : out + sum_avx2(acc[m]);
+  }
 }
 
 // Rows of x past which the offsets are one float32 GEMM before the tiles (q4_offsets), and the
@@ -152,19 +170,16 @@ QS_AVX2 QS_INLINE void q4_tile(const Activations8& a, int64_t m0, int64_t K, con
 constexpr int64_t FEW_ROWS = 16;
 constexpr int64_t PANEL_ROWS = 64;
 
-// Output rows [n_begin, n_end): at one row of x, 4 output rows at a time (4 chains hide the
-// multiply-add latency); at a few, one output row by all of them; past that, panels of output
-// rows by 8 rows of x at a time.
+// Output rows [n_begin, n_end), one after another: at a few rows of x, each output row by all of
+// them; past that, panels of output rows by 8 rows of x at a time.
 QS_AVX2 void q4_rows(const Activations8& a, int64_t M, int64_t K, const uint8_t* packed, const uint16_t* scale,
                      const uint16_t* zero, int64_t N, float* y, int64_t n_begin, int64_t n_end) {
-  int64_t n = n_begin;
-  if (M == 1)
-    for (; n + 4 <= n_end; n += 4) q4_tile<4, 1, true>(a, 0, K, packed, scale, zero, y, N, n);
   if (M <= FEW_ROWS) {
-    for (; n < n_end; n++)
+    std::vector<float> scales(8 * (K / GROUP));  // a tile's products, up to 8 rows of x
+    for (int64_t n = n_begin; n < n_end; n++)
       for (int64_t m0 = 0; m0 < M; m0 += 8)
         with_count_1_to_8(M - m0, [&](auto rows) {
-          q4_tile<1, decltype(rows)::value, true>(a, m0, K, packed, scale, zero, y, N, n);
+          q4_tile<decltype(rows)::value, true>(a, m0, K, packed, scale, zero, y, N, n, scales.data());
         });
     return;
   }
@@ -172,7 +187,8 @@ QS_AVX2 void q4_rows(const Activations8& a, int64_t M, int64_t K, const uint8_t*
     const int64_t p1 = p0 + PANEL_ROWS < n_end ? p0 + PANEL_ROWS : n_end;
     for (int64_t m0 = 0; m0 < M; m0 += 8)
       with_count_1_to_8(M - m0, [&](auto rows) {
-        for (int64_t r = p0; r < p1; r++) q4_tile<1, decltype(rows)::value, false>(a, m0, K, packed, scale, zero, y, N, r);
+        for (int64_t r = p0; r < p1; r++)
+          q4_tile<decltype(rows)::value, false>(a, m0, K, packed, scale, zero, y, N, r, nullptr);
       });
   }
 }

@@ -29,7 +29,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def tolerance(path: str, kernels, kind: str = "int4") -> float:
     """Per path: tiles in float32 are the reference's own arithmetic; bf16 tiles keep 8 bits of
     mantissa (~0.3% on a matmul); the quantized kernels quantize activations per group of 64, to
-    int8 (VNNI; AVX2's int4: ~2% with an outlier channel) or int16 (~1e-4); the bf16 kernel and oneDNN
+    int8 (VNNI; AVX2: ~2% with an outlier channel) or int16 (~1e-4); the bf16 kernel and oneDNN
     round x to bf16 where the CPU multiplies bf16 natively, else compute in float32."""
     if path == "tiles_f32":
         return 1e-5

@@ -49,9 +49,8 @@ def _activations(rows: int, width: int, seed: int) -> torch.Tensor:
     return x
 
 
-# int16 activations per group of 64 (AVX-512 without VNNI; AVX2's int8 weights): ~1e-4 relative
-# error even with a 50x outlier channel. int8 activations (the VNNI kernels; AVX2's int4 kernel):
-# ~0.6% without an outlier, ~2% with.
+# int16 activations per group of 64 (AVX-512 without VNNI): ~1e-4 relative error even with a 50x
+# outlier channel. int8 activations (the VNNI kernels; AVX2's): ~0.6% without an outlier, ~2% with.
 TOLERANCE = 1e-3
 INT8_TOLERANCE = 3e-2
 

@@ -61,8 +61,8 @@ class Kernels:
     def int8_activations(self, weights: str) -> bool:
         """Whether the decode kernel for "int4" or "int8" weights rounds the activations to int8
         per group of 64 (~0.6% relative error on a matmul; int16 otherwise, ~1e-4): the VNNI
-        kernels, and AVX2's int4 kernel (vpmaddubsw)."""
-        return self.vnni if self.isa == "avx512" else weights == "int4"
+        kernels, and AVX2's (vpmaddubsw)."""
+        return self.vnni if self.isa == "avx512" else True
 
 
 def disabled_features() -> frozenset[str]:

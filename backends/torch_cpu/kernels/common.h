@@ -156,7 +156,6 @@ QS_AVX512 inline float load_group_avx512(const float* xg, __m512 v[4], float* su
   return _mm512_reduce_max_ps(amax);
 }
 
-Activations quantize_activations_avx2(const float* x, int64_t M, int64_t K);
 Activations quantize_activations_avx512(const float* x, int64_t M, int64_t K);
 
 }  // namespace qs

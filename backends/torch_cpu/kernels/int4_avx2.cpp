@@ -4,16 +4,14 @@
 // the packed weights as they are: each 64-weight group is unpacked into registers once and used
 // by up to 8 rows of x, so batch-8 decode pays the unpacking once, not eight times.
 //
-// int4 takes its activations as int8 per group of 64 (as llama.cpp's Q4_0 x Q8_0 and the AVX-512
-// VNNI kernels do): vpmaddubsw multiplies the unsigned 4-bit codes by them 32 pairs at a time,
-// half the instructions of int16 activations. The earlier int16 kernel, its accumulators indexed
+// Both take their activations as int8 per group of 64 (as llama.cpp's Q4_0 x Q8_0 and the AVX-512
+// VNNI kernels do): vpmaddubsw multiplies unsigned codes by them 32 pairs at a time, half the
+// instructions of int16 activations. The earlier int16 kernel, its accumulators indexed
 // by a run-time row count (so kept on the stack), read 10.6 GB/s of codes at one row on two Zen 3
 // cores: compute-bound far below the ~30 GB/s the memory gives.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
-
-#include <cmath>
 
 #include "common.h"
 #include "kernels.h"
@@ -26,16 +24,9 @@ namespace {
 
 constexpr int64_t HALF = 32;
 
-// Sum of the 64 products of one group: four vectors of 16 int16 weights by the group's codes.
-QS_AVX2 QS_INLINE __m256i dot_group(const __m256i w[4], const int16_t* xg) {
-  const __m256i* xv = reinterpret_cast<const __m256i*>(xg);
-  return _mm256_add_epi32(
-      _mm256_add_epi32(_mm256_madd_epi16(w[0], _mm256_loadu_si256(xv)), _mm256_madd_epi16(w[1], _mm256_loadu_si256(xv + 1))),
-      _mm256_add_epi32(_mm256_madd_epi16(w[2], _mm256_loadu_si256(xv + 2)), _mm256_madd_epi16(w[3], _mm256_loadu_si256(xv + 3))));
-}
-
-// int8 activations for the int4 kernel: each group's 32 even inputs, then its 32 odd ones (the
-// low and high nibbles of the canonical layout's bytes), with the group's scale and exact sum.
+// int8 activations per group of 64, with the group's scale and exact sum: for the int4 kernel
+// (SPLIT) each group's 32 even inputs, then its 32 odd ones (the low and high nibbles of the
+// canonical layout's bytes); for int8 weights in order.
 //
 // The codes c are 0..15 (w = s c + z), so the rounding of x would meet codes of mean 7.5, an error
 // that does not cancel (2-5% on random rows). The kernel therefore sums s (c - 8) xq + (z + 8 s) x,
@@ -54,6 +45,7 @@ QS_AVX2 QS_INLINE __m256i pack_bytes(__m256i a, __m256i b, __m256i c, __m256i d)
   return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // undo the per-lane packing
 }
 
+template <bool SPLIT>
 QS_AVX2 Activations8 quantize8(const float* x, int64_t M, int64_t K) {
   const int64_t groups = M * K / GROUP;
   Activations8 a{std::vector<int8_t>(M * K), std::vector<float>(groups), std::vector<float>(groups),
@@ -68,8 +60,13 @@ QS_AVX2 Activations8 quantize8(const float* x, int64_t M, int64_t K) {
       total = _mm256_add_ps(total, _mm256_add_ps(lo, hi));
       // shuffle_ps takes 0 2 (1 3) of each 4 from lo then hi, per 128-bit lane; the permute puts
       // the lanes' halves in input order
-      evens[j] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8));
-      odds[j] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8));
+      if (SPLIT) {
+        evens[j] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8));
+        odds[j] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8));
+      } else {  // in order: "evens" the first 32 inputs, "odds" the last
+        __m256* half = j < 2 ? evens : odds;
+        half[2 * (j % 2)] = lo, half[2 * (j % 2) + 1] = hi;
+      }
     }
     const float top = max_avx2(amax);
     const __m256 inv = _mm256_set1_ps(top > 0.f ? 127.f / top : 0.f);
@@ -212,27 +209,39 @@ QS_AVX2 void q4_offsets(const Activations8& a, int64_t M, int64_t K, const uint1
   at::mm_out(out, lhs, rhs);
 }
 
-QS_AVX2 void q8_rows(const Activations& a, int64_t M, int64_t K, const int8_t* w, const float* scale, int64_t N,
-                     float* y, int64_t n_begin, int64_t n_end) {
+// Output row n of int8 weights times MT rows of x, int8 by int8 as vpmaddubsw takes them: unsigned
+// |w| by x with w's sign (|w| <= 128, |x| <= 127: a pair's sum fits int16). The int16 activations
+// this replaced widened every code and read twice the activations' bytes: 10.5 GB/s from one Zen 3
+// core for a 248,320 x 1024 head.
+template <int MT>
+QS_AVX2 QS_INLINE void q8_tile(const Activations8& a, int64_t m0, int64_t K, const int8_t* w, const float* scale,
+                               float* y, int64_t N, int64_t n) {
   const int64_t groups = K / GROUP;
-  for (int64_t n = n_begin; n < n_end; n++) {
-    for (int64_t m0 = 0; m0 < M; m0 += 8) {
-      const int rows = M - m0 < 8 ? static_cast<int>(M - m0) : 8;
-      __m256 acc[8];
-      for (int m = 0; m < rows; m++) acc[m] = _mm256_setzero_ps();
-      for (int64_t g = 0; g < groups; g++) {
-        const __m128i* wv = reinterpret_cast<const __m128i*>(w + n * K + g * GROUP);
-        __m256i codes[4];
-        for (int i = 0; i < 4; i++) codes[i] = _mm256_cvtepi8_epi16(_mm_loadu_si128(wv + i));
-        for (int m = 0; m < rows; m++) {
-          const int64_t i = (m0 + m) * groups + g;
-          const __m256i p = dot_group(codes, a.q.data() + i * GROUP);
-          acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(a.scale[i]), acc[m]);
-        }
-      }
-      for (int m = 0; m < rows; m++) y[(m0 + m) * N + n] = sum_avx2(acc[m]) * scale[n];
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MT];
+  for (int m = 0; m < MT; m++) acc[m] = _mm256_setzero_ps();
+  const int8_t* row = w + n * K;
+  for (int64_t g = 0; g < groups; g++) {
+    const __m256i* codes = reinterpret_cast<const __m256i*>(row + g * GROUP);
+    _mm_prefetch(reinterpret_cast<const char*>(codes) + PREFETCH_BYTES, _MM_HINT_T0);
+    const __m256i w0 = _mm256_loadu_si256(codes), w1 = _mm256_loadu_si256(codes + 1);
+    const __m256i u0 = _mm256_sign_epi8(w0, w0), u1 = _mm256_sign_epi8(w1, w1);
+    for (int m = 0; m < MT; m++) {
+      const int64_t i = (m0 + m) * groups + g;
+      const __m256i* xg = reinterpret_cast<const __m256i*>(a.q.data() + i * GROUP);
+      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(u0, _mm256_sign_epi8(_mm256_loadu_si256(xg), w0)), ones);
+      const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(u1, _mm256_sign_epi8(_mm256_loadu_si256(xg + 1), w1)), ones);
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), _mm256_broadcast_ss(a.scale.data() + i), acc[m]);
     }
   }
+  for (int m = 0; m < MT; m++) y[(m0 + m) * N + n] = sum_avx2(acc[m]) * scale[n];
+}
+
+QS_AVX2 void q8_rows(const Activations8& a, int64_t M, int64_t K, const int8_t* w, const float* scale, int64_t N,
+                     float* y, int64_t n_begin, int64_t n_end) {
+  for (int64_t n = n_begin; n < n_end; n++)
+    for (int64_t m0 = 0; m0 < M; m0 += 8)
+      with_count_1_to_8(M - m0, [&](auto rows) { q8_tile<decltype(rows)::value>(a, m0, K, w, scale, y, N, n); });
 }
 
 QS_AVX2 void dequant_split_rows(const uint8_t* packed, const uint16_t* scale, const uint16_t* zero, int64_t K,
@@ -261,32 +270,15 @@ QS_AVX2 void dequant_split_rows(const uint8_t* packed, const uint16_t* scale, co
 }  // namespace
 #pragma GCC pop_options
 
-Activations quantize_activations_avx2(const float* x, int64_t M, int64_t K) {
-  const int64_t groups = K / GROUP;
-  Activations a{std::vector<int16_t>(M * K), std::vector<float>(M * groups), std::vector<float>(M * groups)};
-  for (int64_t i = 0; i < M * groups; i++) {
-    const float* xg = x + i * GROUP;
-    float amax = 0.f, sum = 0.f;
-    for (int j = 0; j < GROUP; j++) { amax = std::fmax(amax, std::fabs(xg[j])); sum += xg[j]; }
-    const float inv = amax > 0.f ? 32767.f / amax : 0.f;
-    int16_t* qg = a.q.data() + i * GROUP;
-    for (int j = 0; j < GROUP; j++)
-      qg[j] = static_cast<int16_t>(std::lrint(xg[j] * inv));
-    a.scale[i] = amax / 32767.f;
-    a.sum[i] = sum;
-  }
-  return a;
-}
-
 void q4_matmul_avx2(const float* x, int64_t M, int64_t K, const uint8_t* packed, const uint16_t* scale,
                     const uint16_t* zero, int64_t N, float* y) {
-  const Activations8 a = quantize8(x, M, K);
+  const Activations8 a = quantize8<true>(x, M, K);
   if (M > FEW_ROWS) q4_offsets(a, M, K, scale, zero, N, y);
   at::parallel_for(0, N, 16, [&](int64_t b, int64_t e) { q4_rows(a, M, K, packed, scale, zero, N, y, b, e); });
 }
 
 void q8_matmul_avx2(const float* x, int64_t M, int64_t K, const int8_t* w, const float* scale, int64_t N, float* y) {
-  const Activations a = quantize_activations_avx2(x, M, K);
+  const Activations8 a = quantize8<false>(x, M, K);
   at::parallel_for(0, N, 16, [&](int64_t b, int64_t e) { q8_rows(a, M, K, w, scale, N, y, b, e); });
 }
 

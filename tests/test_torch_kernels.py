@@ -217,7 +217,7 @@ PAGED_ISAS = sorted({k.isa for k in VARIANTS.values()})
 @needs_kernels
 @pytest.mark.parametrize("isa", PAGED_ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (16, 8, 128), (3, 3, 32), (9, 3, 64), (8, 2, 208)])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (16, 8, 128), (3, 3, 32), (9, 3, 64), (8, 2, 208), (16, 2, 64), (10, 2, 32)])
 def test_paged_decode_matches_the_gathered_reference(isa, dtype, heads, kv_heads, head_dim):
     gen = torch.Generator().manual_seed(heads * head_dim)
     bs, blocks = 16, 40

@@ -20,6 +20,7 @@ namespace paged_avx512 {
 using V = __m512;
 constexpr int64_t LANES = 16;
 constexpr int64_t COLUMN_VECTORS = 8;  // 2 heads x 8 accumulators + 8 values of 32 registers
+constexpr int SCORE_HEADS = 4, SCORE_PAIRED = 4;  // 16 accumulators + 4 keys + a query of 32
 
 QS_INLINE V load(const float* p) { return _mm512_loadu_ps(p); }
 QS_INLINE V load(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift
@@ -54,6 +55,7 @@ namespace paged_avx2 {
 using V = __m256;
 constexpr int64_t LANES = 8;
 constexpr int64_t COLUMN_VECTORS = 4;  // 2 heads x 4 accumulators + 4 values of 16 registers
+constexpr int SCORE_HEADS = 4, SCORE_PAIRED = 2;  // 8 accumulators + 2 keys + a query of 16
 
 QS_INLINE V load(const float* p) { return _mm256_loadu_ps(p); }
 QS_INLINE V load(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift

@@ -166,7 +166,7 @@ def _tolerance(layer, rows: int, gemm_dtype: torch.dtype) -> float:
     """The kernels' for decode sizes, the tiles' GEMM's past them."""
     kernels = layer.kernels
     if kernels is not None and layer.plan.path(rows) == "kernel":
-        return INT8_ACTIVATIONS_TOLERANCE if kernels.int8_activations("int4") else TOLERANCE
+        return INT8_ACTIVATIONS_TOLERANCE if kernels.int8_activations else TOLERANCE
     return GEMM_TOLERANCE[gemm_dtype]
 
 
@@ -270,7 +270,7 @@ def test_int4_model_equals_transformers_on_the_dequantized_weights(qwen3_tiny, m
             linear.plan = PathPlan(tuple(p.replace("tiles_bf16", "tiles_f32") for p in linear.plan.paths))
     kernels = llm.parts.executor.layers[0].mixer.qkv.linear.kernels
     # int8 activations: ~0.6% relative error per matmul, up to 0.047 on this model's top-5 logprobs
-    tolerance = 0.06 if kernels is not None and kernels.int8_activations("int4") else 1e-2
+    tolerance = 0.06 if kernels is not None and kernels.int8_activations else 1e-2
     assert_first_tokens_match(llm, hf, ("Hello, world!", "The quick brown fox", "1 2 3 4 5"), tolerance)
 
 

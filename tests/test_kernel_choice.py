@@ -38,7 +38,7 @@ def tolerance(path: str, kernels, kind: str = "int4") -> float:
     if kind == "bf16":
         native = kernels.bf16 if path == "kernel" else has_fast_bf16_matmul()
         return 1e-2 if native else 1e-5
-    return 3e-2 if kernels.int8_activations(kind) else 1e-3
+    return 3e-2 if kernels.int8_activations else 1e-3
 
 
 def _activations(rows: int, width: int, seed: int) -> torch.Tensor:

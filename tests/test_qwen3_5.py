@@ -278,7 +278,7 @@ def test_int4_equals_transformers_on_the_int4_grid(checkpoint, monkeypatch, disa
     hf = hf_model_on_int4_grid(checkpoint)
     llm = LLM(str(checkpoint), quant="int4", calibrate=False)  # the grid above: no importance
     kernels = native.load_kernels()
-    tolerance = 0.25 if kernels is not None and kernels.int8_activations("int4") else 0.02
+    tolerance = 0.25 if kernels is not None and kernels.int8_activations else 0.02
     assert_first_tokens_match(llm, hf, ("Hello, world!", "The quick brown fox", "1 2 3 4 5"), tolerance,
                               tie_margin=2 * tolerance)
 

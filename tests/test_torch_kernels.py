@@ -55,8 +55,8 @@ TOLERANCE = 1e-3
 INT8_TOLERANCE = 3e-2
 
 
-def tolerance(kernels: Kernels | None, weights: str = "int4") -> float:
-    return INT8_TOLERANCE if kernels is not None and kernels.int8_activations(weights) else TOLERANCE
+def tolerance(kernels: Kernels | None) -> float:
+    return INT8_TOLERANCE if kernels is not None and kernels.int8_activations else TOLERANCE
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -89,7 +89,7 @@ def test_int8_kernel_matches_torch_at_every_decode_size(name, out_features):
     for rows in (1, 2, 7, 8, 9, 13, 16):
         x = _activations(rows, 128, seed=rows)
         y = layer(x)
-        assert _rel(y, x @ reference_weight.T) < tolerance(VARIANTS[name], "int8"), rows
+        assert _rel(y, x @ reference_weight.T) < tolerance(VARIANTS[name]), rows
         assert torch.equal(layer(x[-1:]), y[-1:])
 
 

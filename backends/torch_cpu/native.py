@@ -58,10 +58,11 @@ class Kernels:
         compiled at both widths."""
         return getattr(self.ops, f"{name}_{self.isa}")
 
-    def int8_activations(self, weights: str) -> bool:
-        """Whether the decode kernel for "int4" or "int8" weights rounds the activations to int8
-        per group of 64 (~0.6% relative error on a matmul; int16 otherwise, ~1e-4): the VNNI
-        kernels, and AVX2's (vpmaddubsw)."""
+    @property
+    def int8_activations(self) -> bool:
+        """Whether the int4 and int8 decode kernels round the activations to int8 per group of 64
+        (~0.6% relative error on a matmul; int16 otherwise, ~1e-4): the VNNI kernels, and AVX2's
+        (vpmaddubsw)."""
         return self.vnni if self.isa == "avx512" else True
 
 

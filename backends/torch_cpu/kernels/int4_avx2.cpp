@@ -35,8 +35,8 @@ constexpr int64_t HALF = 32;
 struct Activations8 {
   std::vector<int8_t> q;  // [M, K]
   std::vector<float> scale;  // [M, K / 64]
-  std::vector<float> sum;  // [M, K / 64]: sum x, exact
-  std::vector<float> centring;  // [M, K / 64]: 8 (sum x - scale * sum q)
+  std::vector<float> sum;  // [M, K / 64]: sum x, exact (SPLIT only)
+  std::vector<float> centring;  // [M, K / 64]: 8 (sum x - scale * sum q) (SPLIT only)
 };
 
 // 32 int32 values (four vectors, in order) as 32 saturated int8 in order.
@@ -48,40 +48,39 @@ QS_AVX2 QS_INLINE __m256i pack_bytes(__m256i a, __m256i b, __m256i c, __m256i d)
 template <bool SPLIT>
 QS_AVX2 Activations8 quantize8(const float* x, int64_t M, int64_t K) {
   const int64_t groups = M * K / GROUP;
-  Activations8 a{std::vector<int8_t>(M * K), std::vector<float>(groups), std::vector<float>(groups),
-                 std::vector<float>(groups)};
+  Activations8 a{std::vector<int8_t>(M * K), std::vector<float>(groups), std::vector<float>(SPLIT ? groups : 0),
+                 std::vector<float>(SPLIT ? groups : 0)};  // int8 weights have no zero points: no sums
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t i = 0; i < groups; i++) {
     const float* xg = x + i * GROUP;
-    __m256 evens[4], odds[4], amax = _mm256_setzero_ps(), total = _mm256_setzero_ps();
+    __m256 halves[2][4], amax = _mm256_setzero_ps(), total = _mm256_setzero_ps();  // the group's stored halves
     for (int j = 0; j < 4; j++) {  // inputs 16j .. 16j + 15
       const __m256 lo = _mm256_loadu_ps(xg + 16 * j), hi = _mm256_loadu_ps(xg + 16 * j + 8);
       amax = _mm256_max_ps(amax, _mm256_max_ps(_mm256_andnot_ps(sign, lo), _mm256_andnot_ps(sign, hi)));
-      total = _mm256_add_ps(total, _mm256_add_ps(lo, hi));
-      // shuffle_ps takes 0 2 (1 3) of each 4 from lo then hi, per 128-bit lane; the permute puts
-      // the lanes' halves in input order
-      if (SPLIT) {
-        evens[j] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8));
-        odds[j] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8));
-      } else {  // in order: "evens" the first 32 inputs, "odds" the last
-        __m256* half = j < 2 ? evens : odds;
-        half[2 * (j % 2)] = lo, half[2 * (j % 2) + 1] = hi;
+      if (SPLIT) {  // evens, then odds
+        total = _mm256_add_ps(total, _mm256_add_ps(lo, hi));
+        // shuffle_ps takes 0 2 (1 3) of each 4 from lo then hi, per 128-bit lane; the permute puts
+        // the lanes' halves in input order
+        halves[0][j] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8));
+        halves[1][j] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8));
+      } else {  // in order: the first 32 inputs, then the last
+        halves[j / 2][2 * (j % 2)] = lo, halves[j / 2][2 * (j % 2) + 1] = hi;
       }
     }
     const float top = max_avx2(amax);
     const __m256 inv = _mm256_set1_ps(top > 0.f ? 127.f / top : 0.f);
     __m256i qsum = _mm256_setzero_si256();
-    auto codes = [&](const __m256* v) {
+    for (int h = 0; h < 2; h++) {
       __m256i q[4];
-      for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], inv)), qsum = _mm256_add_epi32(qsum, q[j]);
-      return pack_bytes(q[0], q[1], q[2], q[3]);
-    };
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + i * GROUP), codes(evens));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + i * GROUP + HALF), codes(odds));
-    const float qtotal = sum_avx2(_mm256_cvtepi32_ps(qsum));  // exact: |sum q| <= 64 * 127
+      for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(halves[h][j], inv)), qsum = _mm256_add_epi32(qsum, q[j]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + i * GROUP + h * HALF), pack_bytes(q[0], q[1], q[2], q[3]));
+    }
     a.scale[i] = top / 127.f;
-    a.sum[i] = sum_avx2(total);
-    a.centring[i] = static_cast<float>(8.0 * (static_cast<double>(a.sum[i]) - static_cast<double>(a.scale[i]) * qtotal));
+    if (SPLIT) {
+      const float qtotal = sum_avx2(_mm256_cvtepi32_ps(qsum));  // exact: |sum q| <= 64 * 127
+      a.sum[i] = sum_avx2(total);
+      a.centring[i] = static_cast<float>(8.0 * (static_cast<double>(a.sum[i]) - static_cast<double>(a.scale[i]) * qtotal));
+    }
   }
   return a;
 }

@@ -13,7 +13,8 @@ from qwen_serve.conformance.models import add_mtp_head, make_qwen3_5_checkpoint
 from qwen_serve.conformance.reference import hf_greedy, hf_mtp_drafts
 from qwen_serve.errors import ModelLoadError
 
-LAYOUTS = {"text-only": dict(), "multimodal": dict(multimodal=True), "MoE": dict(family="moe", multimodal=True)}
+LAYOUTS = {"text-only": dict(), "multimodal": dict(multimodal=True), "MoE": dict(family="moe", multimodal=True),
+           "Next": dict(family="next")}
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))

@@ -1,7 +1,8 @@
 """Qwen3-Next (Qwen3NextForCausalLM, e.g. Qwen3-Next-80B-A3B): the blocks of Qwen3.5 (qwen3_5.py)
 with Qwen3-MoE's placement of sparse layers and a shared expert in each. Its linear-attention
 layers store their input projections grouped by key head, [q k v z] and [b a] per group; read
-here into Qwen3.5's four tensors, so one layer kind serves both."""
+here into Qwen3.5's four tensors, so one layer kind serves both. Its multi-token-prediction head
+(mtp.*) is laid out as Qwen3.5's."""
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -11,12 +12,18 @@ import numpy as np
 from .architecture import Architecture
 from .config import ModelConfig
 from .layers import DecoderLayer, GatedDeltaNet
-from .qwen3_5 import mixer, text_tensors
+from .qwen3_5 import gated_attention, mixer, text_tensors
 from .qwen3_moe import feed_forward
 
 
 def decoder_layer(cfg: dict[str, Any], index: int) -> DecoderLayer:
     return DecoderLayer(mixer(cfg, index), feed_forward(cfg, index))
+
+
+def draft_layer(cfg: dict[str, Any]) -> DecoderLayer:
+    """The MTP head's layer: gated full attention and the feed-forward the placement rule gives
+    a first layer (a mixture of experts in the published checkpoints), as vLLM builds it."""
+    return DecoderLayer(gated_attention(cfg), feed_forward(cfg, 0))
 
 
 def grouped_rows(kind: GatedDeltaNet) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -57,4 +64,4 @@ def take_rows(array: Any, rows: np.ndarray) -> Any:
 
 
 ARCHITECTURE = Architecture(hf_name="Qwen3NextForCausalLM", decoder_layer=decoder_layer, tensors=next_tensors,
-                            norm_offset=1.0)
+                            norm_offset=1.0, draft_layer=draft_layer)

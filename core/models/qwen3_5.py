@@ -5,7 +5,7 @@ every RMSNorm scale is stored zero-centred. A multimodal checkpoint keeps the de
 under text_config and its tensors under model.language_model; its vision tower is not read."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..errors import ModelLoadError
 from .architecture import Architecture
@@ -54,9 +54,13 @@ def decoder_layer(cfg: dict[str, Any], index: int) -> DecoderLayer:
     return DecoderLayer(mixer(cfg, index), DenseMLP())
 
 
-def draft_layer(cfg: dict[str, Any]) -> DecoderLayer:
-    """The MTP head's layer: gated full attention and the decoder's MLP."""
-    return DecoderLayer(gated_attention(cfg), DenseMLP())
+def draft_layer_of(decoder_layer: Callable[[dict[str, Any], int], DecoderLayer]) -> Callable[[dict[str, Any]], DecoderLayer]:
+    """The MTP head's layer for a family: gated full attention and the feed-forward the family's
+    placement gives its first layer (a dense MLP, or a mixture of experts), as vLLM builds it."""
+    return lambda cfg: DecoderLayer(gated_attention(cfg), decoder_layer(cfg, 0).mlp)
+
+
+draft_layer = draft_layer_of(decoder_layer)
 
 
 def text_tensors(name: str, array: Any, config: ModelConfig) -> Iterator[tuple[str, Any]]:

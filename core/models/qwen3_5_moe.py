@@ -7,7 +7,7 @@ from typing import Any
 
 from .architecture import Architecture
 from .layers import DecoderLayer
-from .qwen3_5 import gated_attention, mixer, text_tensors
+from .qwen3_5 import draft_layer_of, mixer, text_tensors
 from .qwen3_moe import feed_forward
 
 
@@ -15,9 +15,7 @@ def decoder_layer(cfg: dict[str, Any], index: int) -> DecoderLayer:
     return DecoderLayer(mixer(cfg, index), feed_forward(cfg, index, normalize=True))
 
 
-def draft_layer(cfg: dict[str, Any]) -> DecoderLayer:
-    """The MTP head's layer: gated full attention and a mixture of experts like every layer's."""
-    return DecoderLayer(gated_attention(cfg), feed_forward(cfg, 0, normalize=True))
+draft_layer = draft_layer_of(decoder_layer)  # a mixture of experts like every layer's
 
 
 ARCHITECTURE = Architecture(hf_name="Qwen3_5MoeForCausalLM", decoder_layer=decoder_layer, tensors=text_tensors,

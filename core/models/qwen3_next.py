@@ -12,7 +12,7 @@ import numpy as np
 from .architecture import Architecture
 from .config import ModelConfig
 from .layers import DecoderLayer, GatedDeltaNet
-from .qwen3_5 import gated_attention, mixer, text_tensors
+from .qwen3_5 import draft_layer_of, mixer, text_tensors
 from .qwen3_moe import feed_forward
 
 
@@ -20,10 +20,7 @@ def decoder_layer(cfg: dict[str, Any], index: int) -> DecoderLayer:
     return DecoderLayer(mixer(cfg, index), feed_forward(cfg, index))
 
 
-def draft_layer(cfg: dict[str, Any]) -> DecoderLayer:
-    """The MTP head's layer: gated full attention and the feed-forward the placement rule gives
-    a first layer (a mixture of experts in the published checkpoints), as vLLM builds it."""
-    return DecoderLayer(gated_attention(cfg), feed_forward(cfg, 0))
+draft_layer = draft_layer_of(decoder_layer)  # a mixture of experts in the published checkpoints
 
 
 def grouped_rows(kind: GatedDeltaNet) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

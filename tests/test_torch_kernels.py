@@ -147,7 +147,12 @@ def test_bf16_layers_take_the_blocked_kernel_where_there_is_no_amx(monkeypatch):
     monkeypatch.setenv(native.DISABLE_ENV, "avx512")
     without = DenseLinear(w)
     without.prepack(load_kernels())
-    assert without.blocked is None
+    assert without.in_columns and without.kernels.isa == "avx2"  # the AVX2 kernel's column layout
+    assert _rel(without(x), x @ w.float().T) < 1e-5
+    monkeypatch.setenv(native.DISABLE_ENV, "avx512,avx2")
+    plain = DenseLinear(w)
+    plain.prepack(load_kernels())
+    assert plain.blocked is None
 
 
 def test_tiles_of_the_blocked_layout_match_when_rows_are_not_whole_blocks():

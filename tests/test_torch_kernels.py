@@ -219,30 +219,60 @@ def _gathered_reference(q, storage, layer, tables, lengths):
 PAGED_ISAS = sorted({k.isa for k in VARIANTS.values()})
 
 
+def _random_storage(kv_heads, head_dim, dtype, blocks, gen, layers=2):
+    storage = TorchKVStorage(layers, kv_heads, head_dim, dtype, 16, 8, blocks)
+    storage.ensure_blocks(blocks)
+    for layer in range(layers):
+        storage.keys[layer].copy_(torch.randn(storage.keys[layer].shape, generator=gen))
+        storage.values[layer].copy_(torch.randn(storage.values[layer].shape, generator=gen))
+    return storage
+
+
+def _padded_tables(tables):
+    padded = torch.zeros((len(tables), max(map(len, tables))), dtype=torch.long)
+    for row, table in zip(padded, tables):
+        row[: len(table)] = torch.tensor(table)
+    return padded
+
+
 @needs_kernels
 @pytest.mark.parametrize("isa", PAGED_ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(4, 2, 16), (16, 8, 128), (3, 3, 32), (9, 3, 64), (8, 2, 208), (16, 2, 64), (10, 2, 32)])
 def test_paged_decode_matches_the_gathered_reference(isa, dtype, heads, kv_heads, head_dim):
     gen = torch.Generator().manual_seed(heads * head_dim)
-    bs, blocks = 16, 40
-    storage = TorchKVStorage(2, kv_heads, head_dim, dtype, bs, 8, blocks)
-    storage.ensure_blocks(blocks)
-    for layer in range(2):
-        storage.keys[layer].copy_(torch.randn(storage.keys[layer].shape, generator=gen))
-        storage.values[layer].copy_(torch.randn(storage.values[layer].shape, generator=gen))
+    blocks = 72
+    storage = _random_storage(kv_heads, head_dim, dtype, blocks, gen)
     order = torch.randperm(blocks, generator=gen).tolist()
     shared = order[:3]  # a prefix that two sequences hold by reference
-    tables = [shared + order[3:5], shared + order[5:6], order[6:7], order[7:17], order[17:18]]
-    lengths = [16 * 4 + 5, 16 * 3 + 16, 1, 16 * 9 + 11, 16]  # partial and full last blocks
-    padded = torch.zeros((len(tables), max(map(len, tables))), dtype=torch.long)
-    for row, table in zip(padded, tables):
-        row[: len(table)] = torch.tensor(table)
+    tables = [shared + order[3:5], shared + order[5:6], order[6:7], order[7:17], order[17:18], order[18:36],
+              order[36:69]]
+    # partial and full last blocks; the last two are cut into parts of 256 tokens that are joined
+    lengths = [16 * 4 + 5, 16 * 3 + 16, 1, 16 * 9 + 11, 16, 16 * 17 + 3, 16 * 32 + 7]
     q = torch.randn(len(tables), heads, head_dim, generator=gen)
-    paged = PagedDecode(storage, padded, torch.tensor(lengths), Kernels(isa, False, KERNELS.ops))
+    paged = PagedDecode(storage, _padded_tables(tables), torch.tensor(lengths), Kernels(isa, False, KERNELS.ops))
     for layer in range(2):
         got = paged.attend(layer, q, 0.125)
         assert _rel(got, _gathered_reference(q, storage, layer, tables, lengths)) < 1e-5
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", PAGED_ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_decode_gives_a_sequence_the_same_bits_in_any_batch(isa, dtype):
+    """A long sequence is cut into parts, and a lone short one into slices of kv heads, by what the
+    step holds: neither may change a sequence's result."""
+    gen = torch.Generator().manual_seed(7)
+    storage = _random_storage(2, 64, dtype, 80, gen, layers=1)
+    order = torch.randperm(80, generator=gen).tolist()
+    tables = [order[:40], order[40:42], order[42:80]]
+    lengths = [16 * 39 + 9, 20, 16 * 37 + 1]
+    q = torch.randn(len(tables), 8, 64, generator=gen)
+    kernels = Kernels(isa, False, KERNELS.ops)
+    together = PagedDecode(storage, _padded_tables(tables), torch.tensor(lengths), kernels).attend(0, q, 0.125)
+    for b, (table, n) in enumerate(zip(tables, lengths)):
+        alone = PagedDecode(storage, _padded_tables([table]), torch.tensor([n]), kernels).attend(0, q[b:b + 1], 0.125)
+        assert torch.equal(alone[0], together[b])
 
 
 @needs_kernels

@@ -1,10 +1,12 @@
-// Decode attention that reads the paged KV cache where it lies: each (sequence, kv head) walks
-// its block table, so no step gathers a sequence's history into a new tensor. float32 or
-// bfloat16 caches; scores, softmax and the output in float32. One algorithm
-// (paged_attention_body.inc) over 16-lane AVX-512 and 8-lane AVX2 vectors.
+// Decode attention that reads the paged KV cache where it lies: each part of a sequence (256
+// tokens) walks its stretch of the block table, so no step gathers a sequence's history into a
+// new tensor, and a long sequence's parts run on every thread. float32 or bfloat16 caches;
+// scores, softmax and the output in float32. One algorithm (paged_attention_body.inc) over
+// 16-lane AVX-512 and 8-lane AVX2 vectors.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 

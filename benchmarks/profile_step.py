@@ -20,6 +20,7 @@ def main() -> None:
     parser.add_argument("--qwen-dir", type=Path, required=True)
     parser.add_argument("--quant", default="int4")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--kv-dtype", default="auto", help="as the server's --kv-dtype (default auto, as it starts)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20)
@@ -33,7 +34,8 @@ def main() -> None:
 
     print(machine_header())
 
-    llm = LLM(str(args.qwen_dir), dtype=args.dtype, quant=args.quant, max_batch=max(8, args.batch), kv_blocks=1024)
+    llm = LLM(str(args.qwen_dir), dtype=args.dtype, quant=args.quant, max_batch=max(8, args.batch),
+              kv_blocks=max(1024, args.batch * (args.context // 16 + 8)), kv_dtype=args.kv_dtype)
     engine = llm.engine
     rng = np.random.default_rng(0)
     params = SamplingParams(max_tokens=args.steps + 6, ignore_eos=True)
@@ -63,7 +65,7 @@ def main() -> None:
             for _ in range(args.steps):
                 engine.step()
     wall = time.perf_counter() - t
-    print(f"{args.quant}/{args.dtype} batch {args.batch} context {args.context}: {wall / args.steps * 1e3:.2f} ms per step, "
+    print(f"{args.quant}/{args.dtype} KV {engine.config.kv_dtype} batch {args.batch} context {args.context}: {wall / args.steps * 1e3:.2f} ms per step, "
           f"execute {spent['execute'] / args.steps * 1e3:.2f} ms, rest of the step "
           f"{(wall - spent['execute']) / args.steps * 1e3:.2f} ms (threads {torch.get_num_threads()})")
     if not args.no_profiler:

@@ -25,6 +25,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+from qwen_serve.backends.torch_cpu.kv_storage import TorchKVStorage
+from qwen_serve.backends.torch_cpu.native import load_kernels
+from qwen_serve.backends.torch_cpu.paged_decode import PagedDecode
 from qwen_serve.bench.machine import machine_header
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
@@ -55,13 +58,9 @@ BLOCK = 16
 
 def decode_ms(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, length: int, batch: int) -> float:
     """ms per layer of paged decode attention for `batch` sequences of `length` tokens."""
-    from qwen_serve.backends.torch_cpu.kv_storage import TorchKVStorage
-    from qwen_serve.backends.torch_cpu.native import load_kernels
-    from qwen_serve.backends.torch_cpu.paged_decode import PagedDecode
-
     blocks_each = -(-length // BLOCK)
     blocks = blocks_each * batch
-    layer_bytes = 2 * blocks * BLOCK * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+    layer_bytes = 2 * blocks * BLOCK * kv_heads * head_dim * dtype.itemsize
     layers = max(2, -(-FROM_MEMORY_BYTES // layer_bytes))
     storage = TorchKVStorage(layers, kv_heads, head_dim, dtype, BLOCK, blocks, blocks)
     storage.ensure_blocks(blocks)
@@ -94,7 +93,7 @@ def main() -> None:
                 for batch in DECODE_BATCHES:
                     for n in (int(x) for x in (args.lengths or "64,1024,4096,16384").split(",")):
                         ms = decode_ms(heads, kv_heads, head_dim, dtype, n, batch)
-                        read = 2 * batch * n * kv_heads * head_dim * (2 if dtype == torch.bfloat16 else 4)
+                        read = 2 * batch * n * kv_heads * head_dim * dtype.itemsize
                         print(f"{name:>11s} {str(dtype)[6:]:>9s} {batch:6d} {n:8d} {ms:9.3f} {read / ms / 1e6:6.1f}",
                               flush=True)
         return

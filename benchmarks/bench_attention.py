@@ -6,6 +6,7 @@ context and batch.
     flock /work/cpu.lock python benchmarks/bench_attention.py
     python benchmarks/bench_attention.py --lengths 512,2048
     python benchmarks/bench_attention.py --decode --lengths 64,1024,4096,16384
+    python benchmarks/bench_attention.py --decode --compare-pages   # KV pools in 2 MiB against 4 KiB pages
 
 Prefill: Qwen3-0.6B's geometry (16 query heads on 8 KV heads of 128), one causal prompt per
 length, as CachedAttention calls it (grouped-query attention without expanding K and V), best of
@@ -15,11 +16,14 @@ bf16 prefill path would pay them.
 Decode: Qwen3.5's attention layers (8 query heads on 2 KV heads of 256) and Qwen3-0.6B's, float32
 and bfloat16 caches, each sequence's blocks shuffled over the pool as a long-running server leaves
 them; the step cycles through enough layers (at least 64 MiB of KV) that the reads come from
-memory, not from the last level cache, as in a model's decode step. Best of 5 passes.
+memory, not from the last level cache, as in a model's decode step. Best of 5 passes. The pools lie
+in 2 MiB pages as the server keeps them; --compare-pages measures each case in 2 MiB and in 4 KiB
+pages in turns (default lengths 4096,16384).
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -56,13 +60,15 @@ FROM_MEMORY_BYTES = 64 << 20
 BLOCK = 16
 
 
-def decode_ms(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, length: int, batch: int) -> float:
-    """ms per layer of paged decode attention for `batch` sequences of `length` tokens."""
+def decode_ms(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, length: int, batch: int,
+              huge_pages: bool = True) -> float:
+    """ms per layer of paged decode attention for `batch` sequences of `length` tokens, the KV pools in
+    2 MiB pages as the server keeps them (huge_pages) or in 4 KiB pages."""
     blocks_each = -(-length // BLOCK)
     blocks = blocks_each * batch
     layer_bytes = 2 * blocks * BLOCK * kv_heads * head_dim * dtype.itemsize
     layers = max(2, -(-FROM_MEMORY_BYTES // layer_bytes))
-    storage = TorchKVStorage(layers, kv_heads, head_dim, dtype, BLOCK, blocks, blocks)
+    storage = TorchKVStorage(layers, kv_heads, head_dim, dtype, BLOCK, blocks, blocks, huge_pages=huge_pages)
     storage.ensure_blocks(blocks)
     for layer in range(layers):
         storage.keys[layer].normal_()
@@ -79,13 +85,37 @@ def decode_ms(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, leng
     return best_ms(step) / layers
 
 
+def compare_pages(lengths: list[int], turns: int = 3) -> None:
+    """Each case with the KV pools in 2 MiB pages and in 4 KiB pages, one after the other, `turns`
+    times: ms a layer of each turn, and the ratio of their medians."""
+    print(f"{'geometry':>11s} {'cache':>9s} {'batch':>6s} {'context':>8s}  {'2 MiB pages, ms/layer':>24s}  "
+          f"{'4 KiB pages':>24s}  {'2 MiB / 4 KiB':>13s}")
+    for name, (heads, kv_heads, head_dim) in DECODE_GEOMETRIES.items():
+        for dtype in (torch.bfloat16, torch.float32):
+            for batch in DECODE_BATCHES:
+                for n in lengths:
+                    huge, small = [], []
+                    for _ in range(turns):
+                        huge.append(decode_ms(heads, kv_heads, head_dim, dtype, n, batch, huge_pages=True))
+                        small.append(decode_ms(heads, kv_heads, head_dim, dtype, n, batch, huge_pages=False))
+                    cells = [" ".join(f"{ms:7.3f}" for ms in times) for times in (huge, small)]
+                    ratio = statistics.median(huge) / statistics.median(small)
+                    print(f"{name:>11s} {str(dtype)[6:]:>9s} {batch:6d} {n:8d}  {cells[0]:>24s}  {cells[1]:>24s}  "
+                          f"{ratio:13.3f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default=None, help="prompt or context lengths (default 72,512,2048; "
                                                         "with --decode 64,1024,4096,16384)")
     parser.add_argument("--decode", action="store_true", help="the paged decode kernel instead of prefill")
+    parser.add_argument("--compare-pages", action="store_true",
+                        help="with --decode: the KV pools in 2 MiB pages against 4 KiB, in turns")
     args = parser.parse_args()
     print(machine_header(), f"\ntorch {torch.get_num_threads()} threads")
+    if args.decode and args.compare_pages:
+        compare_pages([int(x) for x in (args.lengths or "4096,16384").split(",")])
+        return
     if args.decode:
         print(f"{'geometry':>11s} {'cache':>9s} {'batch':>6s} {'context':>8s} {'ms/layer':>9s} {'GB/s':>6s}")
         for name, (heads, kv_heads, head_dim) in DECODE_GEOMETRIES.items():

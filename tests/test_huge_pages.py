@@ -1,4 +1,6 @@
-"""The streamed weights move into one mapping advised MADV_HUGEPAGE, unchanged and aligned."""
+"""The streamed weights move into one mapping advised MADV_HUGEPAGE, unchanged and aligned; the KV
+cache's pools are carved from one such mapping, each from a 2 MiB boundary, resident only where
+written."""
 from __future__ import annotations
 
 import mmap
@@ -8,6 +10,7 @@ import pytest
 import torch
 
 from qwen_serve.backends.torch_cpu.huge_pages import ALIGN, HUGE_PAGE, move_to_huge_pages
+from qwen_serve.backends.torch_cpu.kv_storage import TorchKVStorage
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"),
                                 reason="MADV_HUGEPAGE is Linux's")
@@ -23,17 +26,25 @@ class Holder:
         return self.names
 
 
-def vm_flags(address: int) -> list[str]:
-    """The VmFlags of the mapping that holds address (/proc/self/smaps)."""
+def smaps_field(address: int, field: str) -> list[str]:
+    """A field (VmFlags, Rss, ...) of the mapping that holds address (/proc/self/smaps)."""
     inside = False
     for line in open("/proc/self/smaps"):
         head = line.split()[0]
         if "-" in head and not head.endswith(":"):
             start, stop = (int(x, 16) for x in head.split("-"))
             inside = start <= address < stop
-        elif inside and head == "VmFlags:":
+        elif inside and head == f"{field}:":
             return line.split()[1:]
     raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def vm_flags(address: int) -> list[str]:
+    return smaps_field(address, "VmFlags")
+
+
+def resident_kib(address: int) -> int:
+    return int(smaps_field(address, "Rss")[0])
 
 
 def test_tensors_keep_their_values_dtype_and_shape_in_one_advised_mapping():
@@ -64,3 +75,30 @@ def test_a_loaded_model_streams_its_weights_from_the_advised_mapping(qwen3_tiny)
     model = llm.engine.executor
     tensors = [getattr(lin, n) for lin in model.linears() for n in lin.streamed_tensors() if getattr(lin, n) is not None]
     assert tensors and all("hg" in vm_flags(t.data_ptr()) for t in tensors)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kv_pools_start_on_huge_pages_and_become_resident_where_written(dtype):
+    storage = TorchKVStorage(3, 2, 64, dtype, block_size=16, slab_blocks=4, max_blocks=64)
+    storage.ensure_blocks(4)
+    pools = storage.keys + storage.values
+    assert all(t.data_ptr() % HUGE_PAGE == 0 and "hg" in vm_flags(t.data_ptr()) for t in pools)
+    assert len({t.data_ptr() for t in pools}) == 6
+    assert resident_kib(pools[0].data_ptr()) == 0  # nothing resident before the first write
+    g = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(5, 2, 64, generator=g), torch.randn(5, 2, 64, generator=g)
+    slots = torch.tensor([0, 17, 3, 40, 63])
+    storage.write(1, slots, keys, values)
+    assert 0 < resident_kib(pools[0].data_ptr()) <= 2 * HUGE_PAGE // 1024  # layer 1's keys and values: a page each
+    got_k, got_v = storage.read(1, slots)
+    assert torch.equal(got_k, keys.to(dtype).float()) and torch.equal(got_v, values.to(dtype).float())
+    before = [t.data_ptr() for t in storage.keys + storage.values]
+    storage.ensure_blocks(8)  # a growth is a longer view of the same pools
+    assert [t.data_ptr() for t in storage.keys + storage.values] == before
+    assert storage.keys[1].shape[0] == 8 * 16 and torch.equal(storage.read(1, slots)[0], got_k)
+
+
+def test_kv_pools_stay_in_small_pages_when_asked():
+    storage = TorchKVStorage(2, 2, 64, torch.float32, block_size=16, slab_blocks=4, max_blocks=64, huge_pages=False)
+    storage.ensure_blocks(4)
+    assert all("hg" not in vm_flags(t.data_ptr()) for t in storage.keys + storage.values)

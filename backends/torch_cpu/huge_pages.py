@@ -1,4 +1,5 @@
-"""The weights a decode step streams, moved into one mapping backed by 2 MiB pages.
+"""The weights a decode step streams, moved into one mapping backed by 2 MiB pages (and the
+mapping the KV cache's pools are carved from, kv_storage.py).
 
 A decode step reads every weight once, 385 MiB for int4 Qwen3-0.6B, and with 4 KiB pages that is
 ~100,000 TLB misses a step. Linux gives transparent huge pages only where asked
@@ -40,19 +41,10 @@ def move_to_huge_pages(layers: Iterable) -> int:
               if getattr(layer, name) is not None]
     sizes = [_nbytes(getattr(layer, name)) for layer, name in fields]
     total = sum(_round_up(n, ALIGN) for n in sizes)
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if total == 0 or advice is None:
+    raw = advised_buffer(total, "the weights")
+    if raw is None:
         return 0
-    mapping = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        mapping.madvise(advice)
-    except OSError as error:  # a kernel without transparent huge pages
-        log.info("weights stay in 4 KiB pages: madvise(MADV_HUGEPAGE) failed: %s", error)
-        mapping.close()
-        return 0
-    raw = torch.frombuffer(mapping, dtype=torch.uint8)  # keeps the mapping alive
-    offset = -raw.data_ptr() % HUGE_PAGE
-    freed = 0
+    offset = freed = 0
     for (layer, name), n in zip(fields, sizes):
         old = getattr(layer, name)
         new = raw[offset:offset + n].view(old.dtype).view(old.shape)
@@ -65,6 +57,29 @@ def move_to_huge_pages(layers: Iterable) -> int:
             return_free_heap()
             freed = 0
     return total
+
+
+def advised_buffer(nbytes: int, what: str) -> torch.Tensor | None:
+    """`nbytes` bytes (uint8) from a 2 MiB boundary of one anonymous mapping advised MADV_HUGEPAGE,
+    untouched: its pages become resident (2 MiB at a time) where first written. None where the
+    advice is unknown or refused, or the address space is; `what` names the contents in the log."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if nbytes == 0 or advice is None:
+        return None
+    try:
+        mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, OverflowError) as error:
+        log.info("%s stay in 4 KiB pages: no mapping of %d bytes: %s", what, nbytes, error)
+        return None
+    try:
+        mapping.madvise(advice)
+    except OSError as error:  # a kernel without transparent huge pages
+        log.info("%s stay in 4 KiB pages: madvise(MADV_HUGEPAGE) failed: %s", what, error)
+        mapping.close()
+        return None
+    raw = torch.frombuffer(mapping, dtype=torch.uint8)  # its views keep the mapping alive
+    offset = -raw.data_ptr() % HUGE_PAGE
+    return raw[offset:offset + nbytes]
 
 
 def _nbytes(t: torch.Tensor) -> int:

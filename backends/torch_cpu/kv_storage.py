@@ -1,11 +1,20 @@
 """Key/value tensors for every layer, addressed by slot, grown a slab of blocks at a time so
 resident memory follows the blocks actually handed out, not the configured pool size.
 
-Each layer's keys and values are views of one buffer of the whole pool, allocated with
-torch.empty on the first growth: its pages become resident only when first written, so a
-growth is a longer view, not a copy. (Copying the pool on every slab cost a server's early
-prefills O(pool) each: a 512-token prompt took 2.7 s instead of 2.1, 1.8 s of CPU in copies, once
-the cache held a few thousand tokens; Ice Lake, Qwen3-0.6B geometry, benchmarks/prefill.py.)"""
+Each layer's keys and values are views of one buffer of the whole pool, allocated on the first
+growth: its pages become resident only when first written, so a growth is a longer view, not a
+copy. (Copying the pool on every slab cost a server's early prefills O(pool) each: a 512-token
+prompt took 2.7 s instead of 2.1, 1.8 s of CPU in copies, once the cache held a few thousand
+tokens; Ice Lake, Qwen3-0.6B geometry, benchmarks/prefill.py.)
+
+The buffers lie in one mapping advised to use 2 MiB pages (huge_pages.py), each from a page
+boundary, so resident memory runs at most 2 MiB a buffer ahead of the blocks written. Decode
+attention reads each sequence's blocks scattered over the pool (16-32 KiB of keys a block of 16
+tokens at Qwen3.5's and Qwen3-0.6B's geometries, bfloat16): in 4 KiB pages every block is pages to translate anew, and the hardware prefetcher
+stops at each page's end. Against the same pools in 4 KiB pages, in turns, the paged decode kernel
+took 6% less by the median of 16 cases: 9-23% less over float32 caches at Qwen3-0.6B's geometry,
+from 7% less to 3% more over Qwen3.5's bfloat16 cache (Zen 4, 2 threads; `bench_attention.py --decode
+--compare-pages`, benchmarks/results/2026-12-06-kv-huge-pages)."""
 from __future__ import annotations
 
 import torch
@@ -13,6 +22,7 @@ import torch
 from qwen_serve.kv.memory import kv_bytes_per_token
 from qwen_serve.kv.slabs import SlabGrownStorage
 
+from .huge_pages import HUGE_PAGE, advised_buffer
 from .layer_ops import float_rows
 from .native import Kernels, load_kernels
 
@@ -23,9 +33,11 @@ class TorchKVStorage(SlabGrownStorage):
     def __init__(
         self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
         block_size: int, slab_blocks: int, max_blocks: int, kernels: Kernels | None | str = "auto",
+        huge_pages: bool = True,
     ) -> None:
         super().__init__(block_size, slab_blocks, max_blocks)
         self.dtype = dtype
+        self.huge_pages = huge_pages  # False: the pools in torch.empty's 4 KiB pages (benchmarks compare)
         self.kernels = load_kernels() if kernels == "auto" else kernels
         shape = (0, num_kv_heads, head_dim)
         self.keys = [torch.empty(shape, dtype=dtype) for _ in range(num_layers)]
@@ -49,6 +61,14 @@ class TorchKVStorage(SlabGrownStorage):
 
     def _whole_pools(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         slots = self.max_blocks * self.block_size
+        shape = (slots, *self.keys[0].shape[1:])
+        nbytes = slots * shape[1] * shape[2] * self.dtype.itemsize
+        stride = -(-nbytes // HUGE_PAGE) * HUGE_PAGE  # each pool from a page boundary
+        count = len(self.keys)
+        raw = advised_buffer(2 * count * stride, "the KV cache's pools") if self.huge_pages else None
+        if raw is not None:
+            pools = [raw[i * stride:i * stride + nbytes].view(self.dtype).view(shape) for i in range(2 * count)]
+            return pools[:count], pools[count:]
         try:
             return tuple([torch.empty((slots, *t.shape[1:]), dtype=self.dtype) for t in tensors]
                          for tensors in (self.keys, self.values))

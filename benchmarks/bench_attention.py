@@ -104,6 +104,10 @@ def compare_pages(lengths: list[int], turns: int = 3) -> None:
                           f"{ratio:13.3f}", flush=True)
 
 
+def lengths(given: str | None, default: str) -> list[int]:
+    return [int(x) for x in (given or default).split(",")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default=None, help="prompt or context lengths (default 72,512,2048; "
@@ -114,21 +118,21 @@ def main() -> None:
     args = parser.parse_args()
     print(machine_header(), f"\ntorch {torch.get_num_threads()} threads")
     if args.decode and args.compare_pages:
-        compare_pages([int(x) for x in (args.lengths or "4096,16384").split(",")])
+        compare_pages(lengths(args.lengths, "4096,16384"))
         return
     if args.decode:
         print(f"{'geometry':>11s} {'cache':>9s} {'batch':>6s} {'context':>8s} {'ms/layer':>9s} {'GB/s':>6s}")
         for name, (heads, kv_heads, head_dim) in DECODE_GEOMETRIES.items():
             for dtype in (torch.bfloat16, torch.float32):
                 for batch in DECODE_BATCHES:
-                    for n in (int(x) for x in (args.lengths or "64,1024,4096,16384").split(",")):
+                    for n in lengths(args.lengths, "64,1024,4096,16384"):
                         ms = decode_ms(heads, kv_heads, head_dim, dtype, n, batch)
                         read = 2 * batch * n * kv_heads * head_dim * dtype.itemsize
                         print(f"{name:>11s} {str(dtype)[6:]:>9s} {batch:6d} {n:8d} {ms:9.3f} {read / ms / 1e6:6.1f}",
                               flush=True)
         return
     print(f"{'prompt':>8s} {'float32 ms':>12s} {'bfloat16 ms':>12s} {'bf16 / f32':>11s}")
-    for n in (int(x) for x in (args.lengths or "72,512,2048").split(",")):
+    for n in lengths(args.lengths, "72,512,2048"):
         q, k, v = torch.randn(1, HEADS, n, HEAD_DIM), torch.randn(1, KV_HEADS, n, HEAD_DIM), torch.randn(1, KV_HEADS, n, HEAD_DIM)
         f32 = best_ms(lambda: attend(q, k, v, torch.float32))
         bf16 = best_ms(lambda: attend(q, k, v, torch.bfloat16))

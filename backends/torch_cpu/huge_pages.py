@@ -29,7 +29,7 @@ ALIGN = 64  # every tensor starts on a cache line, as torch's allocator places t
 TRIM_EVERY = 256 << 20
 
 
-def _round_up(n: int, to: int) -> int:
+def round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
 
@@ -40,36 +40,36 @@ def move_to_huge_pages(layers: Iterable) -> int:
     fields = [(layer, name) for layer in unique for name in layer.streamed_tensors()
               if getattr(layer, name) is not None]
     sizes = [_nbytes(getattr(layer, name)) for layer, name in fields]
-    total = sum(_round_up(n, ALIGN) for n in sizes)
-    raw = advised_buffer(total, "the weights")
-    if raw is None:
+    pieces = advised_pieces(sizes, ALIGN, "the weights")
+    if pieces is None:
         return 0
-    offset = freed = 0
-    for (layer, name), n in zip(fields, sizes):
+    freed = 0
+    for (layer, name), piece in zip(fields, pieces):
         old = getattr(layer, name)
-        new = raw[offset:offset + n].view(old.dtype).view(old.shape)
+        new = piece.view(old.dtype).view(old.shape)
         new.copy_(old)
         setattr(layer, name, new)
         del old
-        offset += _round_up(n, ALIGN)
-        freed += n
+        freed += piece.numel()
         if freed >= TRIM_EVERY:  # else the old copies stay in the heap until the end: twice the weights
             return_free_heap()
             freed = 0
-    return total
+    return sum(round_up(n, ALIGN) for n in sizes)
 
 
-def advised_buffer(nbytes: int, what: str) -> torch.Tensor | None:
-    """`nbytes` bytes (uint8) from a 2 MiB boundary of one anonymous mapping advised MADV_HUGEPAGE,
-    untouched: its pages become resident (2 MiB at a time) where first written. None where the
-    advice is unknown or refused, or the address space is; `what` names the contents in the log."""
+def advised_pieces(sizes: list[int], align: int, what: str) -> list[torch.Tensor] | None:
+    """Pieces of `sizes` bytes (uint8), each from a multiple of `align` past a 2 MiB boundary, of
+    one anonymous mapping advised MADV_HUGEPAGE, untouched: its pages become resident (2 MiB at a
+    time) where first written. None where the advice is unknown or refused, or the address space
+    is; `what` names the contents in the log."""
+    total = sum(round_up(n, align) for n in sizes)
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if nbytes == 0 or advice is None:
+    if total == 0 or advice is None:
         return None
     try:
-        mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        mapping = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except (OSError, OverflowError) as error:
-        log.info("%s stay in 4 KiB pages: no mapping of %d bytes: %s", what, nbytes, error)
+        log.info("%s stay in 4 KiB pages: no mapping of %d bytes: %s", what, total, error)
         return None
     try:
         mapping.madvise(advice)
@@ -79,7 +79,11 @@ def advised_buffer(nbytes: int, what: str) -> torch.Tensor | None:
         return None
     raw = torch.frombuffer(mapping, dtype=torch.uint8)  # its views keep the mapping alive
     offset = -raw.data_ptr() % HUGE_PAGE
-    return raw[offset:offset + nbytes]
+    pieces = []
+    for n in sizes:
+        pieces.append(raw[offset:offset + n])
+        offset += round_up(n, align)
+    return pieces
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -10,11 +10,12 @@ tokens; Ice Lake, Qwen3-0.6B geometry, benchmarks/prefill.py.)
 The buffers lie in one mapping advised to use 2 MiB pages (huge_pages.py), each from a page
 boundary, so resident memory runs at most 2 MiB a buffer ahead of the blocks written. Decode
 attention reads each sequence's blocks scattered over the pool (16-32 KiB of keys a block of 16
-tokens at Qwen3.5's and Qwen3-0.6B's geometries, bfloat16): in 4 KiB pages every block is pages to translate anew, and the hardware prefetcher
-stops at each page's end. Against the same pools in 4 KiB pages, in turns, the paged decode kernel
-took 6% less by the median of 16 cases: 9-23% less over float32 caches at Qwen3-0.6B's geometry,
-from 7% less to 3% more over Qwen3.5's bfloat16 cache (Zen 4, 2 threads; `bench_attention.py --decode
---compare-pages`, benchmarks/results/2026-12-06-kv-huge-pages)."""
+tokens at Qwen3.5's and Qwen3-0.6B's geometries, bfloat16): in 4 KiB pages every block is pages
+to translate anew, and the hardware prefetcher stops at each page's end. Against the same pools in
+4 KiB pages, in turns, the paged decode kernel took 6% less by the median of 16 cases: 9-23% less
+over float32 caches at Qwen3-0.6B's geometry, from 7% less to 3% more over Qwen3.5's bfloat16
+cache (Zen 4, 2 threads; `bench_attention.py --decode --compare-pages`,
+benchmarks/results/2026-12-06-kv-huge-pages)."""
 from __future__ import annotations
 
 import torch
@@ -22,7 +23,7 @@ import torch
 from qwen_serve.kv.memory import kv_bytes_per_token
 from qwen_serve.kv.slabs import SlabGrownStorage
 
-from .huge_pages import HUGE_PAGE, advised_buffer
+from .huge_pages import HUGE_PAGE, advised_pieces
 from .layer_ops import float_rows
 from .native import Kernels, load_kernels
 
@@ -62,16 +63,15 @@ class TorchKVStorage(SlabGrownStorage):
     def _whole_pools(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         slots = self.max_blocks * self.block_size
         shape = (slots, *self.keys[0].shape[1:])
-        nbytes = slots * shape[1] * shape[2] * self.dtype.itemsize
-        stride = -(-nbytes // HUGE_PAGE) * HUGE_PAGE  # each pool from a page boundary
         count = len(self.keys)
-        raw = advised_buffer(2 * count * stride, "the KV cache's pools") if self.huge_pages else None
-        if raw is not None:
-            pools = [raw[i * stride:i * stride + nbytes].view(self.dtype).view(shape) for i in range(2 * count)]
+        nbytes = slots * shape[1] * shape[2] * self.dtype.itemsize
+        # each pool from a page boundary
+        pieces = advised_pieces([nbytes] * 2 * count, HUGE_PAGE, "the KV cache's pools") if self.huge_pages else None
+        if pieces is not None:
+            pools = [piece.view(self.dtype).view(shape) for piece in pieces]
             return pools[:count], pools[count:]
         try:
-            return tuple([torch.empty((slots, *t.shape[1:]), dtype=self.dtype) for t in tensors]
-                         for tensors in (self.keys, self.values))
+            return tuple([torch.empty(shape, dtype=self.dtype) for _ in range(count)] for _ in range(2))
         except RuntimeError:  # more address space than the system grants
             return [], []
 

@@ -39,6 +39,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from qwen_serve import LLM, SamplingParams
+    from qwen_serve.backends.torch_cpu.huge_pages import ALIGN, advised_pieces
     from qwen_serve.bench.machine import describe_machine, machine_header
 
     machine = describe_machine(measure_bandwidth=False)
@@ -49,7 +50,11 @@ def main() -> None:
     layers = model.linears()
     huge = {(id(lin), name): getattr(lin, name) for lin in layers for name in lin.streamed_tensors()
             if getattr(lin, name) is not None}
-    plain = {key: t.clone() for key, t in huge.items()}  # torch's allocator: 4 KiB pages
+    # the copy in a mapping advised to stay in 4 KiB pages (torch's heap may hold numpy's advice)
+    pieces = advised_pieces([t.numel() * t.element_size() for t in huge.values()], ALIGN, "the plain copy", huge=False)
+    if pieces is None:
+        raise SystemExit("this system cannot map memory advised MADV_NOHUGEPAGE")
+    plain = {key: piece.view(t.dtype).view(t.shape).copy_(t) for (key, t), piece in zip(huge.items(), pieces)}
     by_id = {id(lin): lin for lin in layers}
 
     def use(copy: dict) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import mmap
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -98,7 +99,15 @@ def test_kv_pools_start_on_huge_pages_and_become_resident_where_written(dtype):
     assert storage.keys[1].shape[0] == 8 * 16 and torch.equal(storage.read(1, slots)[0], got_k)
 
 
-def test_kv_pools_stay_in_small_pages_when_asked():
+def test_kv_pools_stay_in_small_pages_when_asked_even_where_the_heap_was_advised_huge():
+    # numpy advises MADV_HUGEPAGE over its large arrays; the advice stays on the heap's addresses
+    # after the array is freed, where torch's allocator hands them out again
+    for _ in range(4):
+        torch.empty(16 << 20, dtype=torch.uint8)  # freed at once; frees raise glibc's mmap threshold: big blocks from the heap
+        np.ones(16 << 20, dtype=np.uint8)
     storage = TorchKVStorage(2, 2, 64, torch.float32, block_size=16, slab_blocks=4, max_blocks=64, huge_pages=False)
     storage.ensure_blocks(4)
-    assert all("hg" not in vm_flags(t.data_ptr()) for t in storage.keys + storage.values)
+    pools = storage.keys + storage.values
+    assert all("nh" in vm_flags(t.data_ptr()) and "hg" not in vm_flags(t.data_ptr()) for t in pools)
+    storage.write(0, torch.tensor([0, 63]), torch.ones(2, 2, 64), torch.ones(2, 2, 64))
+    assert torch.equal(storage.read(0, torch.tensor([63]))[1], torch.ones(1, 2, 64))

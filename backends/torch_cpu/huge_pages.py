@@ -10,6 +10,11 @@ took 11% less per int4 single-stream step (median of 40 turns; 13% by the best t
 bfloat16 and 3% for int4 at 8 streams (``python benchmarks/bench_huge_pages.py``,
 ``benchmarks/results/2026-12-02-huge-pages/``).
 Where the madvise is unknown (not Linux) or refused, the weights stay where they are.
+
+What torch's allocator hands out is not reliably in 4 KiB pages either: numpy advises
+MADV_HUGEPAGE over its large arrays, which come from the same malloc heap, and the advice stays on
+those addresses after the array is freed. Whatever must be in small pages (the comparisons'
+baselines) is mapped here too, advised MADV_NOHUGEPAGE.
 """
 from __future__ import annotations
 
@@ -40,7 +45,7 @@ def move_to_huge_pages(layers: Iterable) -> int:
     fields = [(layer, name) for layer in unique for name in layer.streamed_tensors()
               if getattr(layer, name) is not None]
     sizes = [_nbytes(getattr(layer, name)) for layer, name in fields]
-    pieces = advised_pieces(sizes, ALIGN, "the weights")
+    pieces = advised_pieces(sizes, ALIGN, "the weights", huge=True)
     if pieces is None:
         return 0
     freed = 0
@@ -57,24 +62,24 @@ def move_to_huge_pages(layers: Iterable) -> int:
     return sum(round_up(n, ALIGN) for n in sizes)
 
 
-def advised_pieces(sizes: list[int], align: int, what: str) -> list[torch.Tensor] | None:
+def advised_pieces(sizes: list[int], align: int, what: str, huge: bool) -> list[torch.Tensor] | None:
     """Pieces of `sizes` bytes (uint8), each from a multiple of `align` past a 2 MiB boundary, of
-    one anonymous mapping advised MADV_HUGEPAGE, untouched: its pages become resident (2 MiB at a
-    time) where first written. None where the advice is unknown or refused, or the address space
-    is; `what` names the contents in the log."""
+    one anonymous mapping advised MADV_HUGEPAGE (`huge`) or MADV_NOHUGEPAGE, untouched: its pages
+    become resident (2 MiB or 4 KiB at a time) where first written. None where the advice is
+    unknown or refused, or the address space is; `what` names the contents in the log."""
     total = sum(round_up(n, align) for n in sizes)
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    advice = getattr(mmap, "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE", None)
     if total == 0 or advice is None:
         return None
     try:
         mapping = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except (OSError, OverflowError) as error:
-        log.info("%s stay in 4 KiB pages: no mapping of %d bytes: %s", what, total, error)
+        log.info("%s stay in torch's memory: no mapping of %d bytes: %s", what, total, error)
         return None
     try:
         mapping.madvise(advice)
     except OSError as error:  # a kernel without transparent huge pages
-        log.info("%s stay in 4 KiB pages: madvise(MADV_HUGEPAGE) failed: %s", what, error)
+        log.info("%s stay in torch's memory: madvise(%d) failed: %s", what, advice, error)
         mapping.close()
         return None
     raw = torch.frombuffer(mapping, dtype=torch.uint8)  # its views keep the mapping alive

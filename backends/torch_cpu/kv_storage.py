@@ -38,7 +38,7 @@ class TorchKVStorage(SlabGrownStorage):
     ) -> None:
         super().__init__(block_size, slab_blocks, max_blocks)
         self.dtype = dtype
-        self.huge_pages = huge_pages  # False: the pools in torch.empty's 4 KiB pages (benchmarks compare)
+        self.huge_pages = huge_pages  # False: the pools advised to stay in 4 KiB pages (benchmarks compare)
         self.kernels = load_kernels() if kernels == "auto" else kernels
         shape = (0, num_kv_heads, head_dim)
         self.keys = [torch.empty(shape, dtype=dtype) for _ in range(num_layers)]
@@ -66,7 +66,7 @@ class TorchKVStorage(SlabGrownStorage):
         count = len(self.keys)
         nbytes = slots * shape[1] * shape[2] * self.dtype.itemsize
         # each pool from a page boundary
-        pieces = advised_pieces([nbytes] * 2 * count, HUGE_PAGE, "the KV cache's pools") if self.huge_pages else None
+        pieces = advised_pieces([nbytes] * 2 * count, HUGE_PAGE, "the KV cache's pools", huge=self.huge_pages)
         if pieces is not None:
             pools = [piece.view(self.dtype).view(shape) for piece in pieces]
             return pools[:count], pools[count:]

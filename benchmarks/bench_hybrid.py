@@ -11,6 +11,11 @@ prompt (the second should hit the prefix cache). Not run by CI.
     flock /work/cpu.lock python benchmarks/bench_hybrid.py            # int4 / Q4_0 and bf16 / BF16
     flock /work/cpu.lock python benchmarks/bench_hybrid.py --only qwen-int4 --only llama-q4_0
     flock /work/cpu.lock python benchmarks/bench_hybrid.py --size 2b
+    flock /work/cpu.lock python benchmarks/bench_hybrid.py --size 2b --turns 3 --only qwen-int4 --only llama-q4_0
+
+--turns N measures only one stream's decode, the servers started one at a time in N turns (who
+goes first alternates): this machine's memory has been seen to change speed for minutes at a time
+(the same decode step 31 or 43 ms), and one server's whole run after the other's can straddle it.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 from result_folder import dated_folder
 from servers import RunningServer, ServerCommand, bench_running, combine_launches
@@ -118,6 +124,33 @@ def measure(name: str, peers: Peers, model: Path, ggufs: dict[str, Path], tokeni
     return out
 
 
+ONE_STREAM = ["--prompt-tokens", "64", "--output-tokens", "128", "--concurrency", "1", "--repetitions", "3"]
+
+
+def one_stream_turns(names: list[str], turns: int, peers: Peers, model: Path, ggufs: dict[str, Path],
+                     tokenizer: Path, folder: Path) -> str:
+    """One stream's decode (tok/s between tokens: 1 / time per output token) of each server, a
+    fresh start per turn, in turns; a table of every turn and each turn's ratio to the last name."""
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for turn in range(turns):
+        for name in names if turn % 2 == 0 else names[::-1]:
+            with RunningServer(server_command(name, peers, model, ggufs, 1)) as server:
+                path = bench_running(server, folder / "raw", f"{name}.turn{turn}",
+                                     [*COMMON, "--tokenizer", str(tokenizer), *ONE_STREAM])
+            result = json.loads(path.read_text())["endpoints"][0]["results"][0]
+            rates[name].append(result["decode_tok_s_per_stream"])
+    last = names[-1]
+    lines = ["| server | " + " | ".join(f"turn {t + 1}" for t in range(turns)) + " | median |",
+             "|---|" + "---|" * (turns + 1)]
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(_num(r) for r in rates[name]) + f" | {_num(median(rates[name]))} |")
+    for name in names[:-1]:
+        ratios = [a / b for a, b in zip(rates[name], rates[last])]
+        lines.append(f"| {name} / {last} | " + " | ".join(f"{r:.2f}x" for r in ratios) + f" | {median(ratios):.2f}x |")
+    return "1-stream decode, tok/s between tokens (64-token prompt, 128 tokens, 3 repetitions a turn)\n\n" + \
+        "\n".join(lines)
+
+
 def _num(value, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
@@ -147,9 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers", type=Path, default=cache_dir("peers"))
     parser.add_argument("--size", choices=SIZES, default="0.8b", help="the geometry (default 0.8b)")
     parser.add_argument("--out", type=Path, default=None, help="folder (default results/DATE-hybrid-SIZE)")
+    parser.add_argument("--turns", type=int, default=0, help="only one stream's decode, in this many turns")
     args = parser.parse_args(argv)
     peers = Peers(args.peers.expanduser().resolve())
-    folder = args.out or dated_folder(f"hybrid-{args.size}")
+    folder = args.out or dated_folder(f"hybrid-{args.size}" + ("-turns" if args.turns else ""))
     header = machine_header(describe_machine(measure_bandwidth=True))
     print(header, flush=True)
     model = checkpoint(peers, args.size)
@@ -160,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
         if not peers.llama_bin("llama-server").exists():
             raise SystemExit("llama.cpp's server is not built: python benchmarks/setup_peers.py --only llama")
         write_ggufs(peers, model, ggufs["llama-bf16"], ggufs["llama-q4_0"], ("--no-mtp",))
+    if args.turns:
+        report = header + "\n\n" + one_stream_turns(names, args.turns, peers, model, ggufs, model / "tokenizer.json",
+                                                     folder)
+        (folder / "turns.md").write_text(report + "\n")
+        print(report)
+        return 0
     documents = {}
     for name in names:
         documents[name] = json.loads(measure(name, peers, model, ggufs, model / "tokenizer.json", folder / "raw")

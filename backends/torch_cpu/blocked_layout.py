@@ -5,13 +5,9 @@ Both put 16 output rows side by side, so one AVX-512 multiply-add serves 16 rows
 result is 16 finished dot products (no horizontal sums); the kernels are in kernels/int4_avx512*
 and, with VNNI, kernels/vnni8_avx512.cpp.
 
-int4: codes uint8 [blocks, groups, 8 pairs, 16 rows, 4]: a group's 64 inputs as 16 chunks of 4, and
-a row's 2 bytes of chunk c (byte j: input 4c + j of its group in the low nibble, 4c + 2 + j in the
-high one) side by side with its 2 bytes of chunk c + 1, for even c: in one 64-byte load each 32-bit
-lane holds one row's 8 inputs, as the VNNI kernel's vpdpbusd wants them (with the chunks one after
-the other it took a word permute per 64 bytes, which kept one stream's int4 projections at ~50 GB/s
-where the int8 head read at 68); scale and zero float16 [blocks, groups, 16]. Same bytes as the
-canonical layout, in another order.
+int4: codes uint8 [blocks, groups, 16 chunks, 16 rows, 2]: byte j of chunk c holds input
+4c + j of its group in the low nibble and input 4c + 2 + j in the high one; scale and zero
+float16 [blocks, groups, 16]. Same bytes as the canonical layout, in another order.
 int8 (and bfloat16): codes [blocks, K / 2, 16 rows, 2 inputs]; int8's scale float32 [blocks * 16].
 float32: [blocks, K, 16 rows] (kernels/f32_avx512.cpp).
 Rows past N (to fill the last block) are zeros.
@@ -37,26 +33,18 @@ def block_int4(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     codes = _pad_rows(torch.stack((packed & 0x0F, packed >> 4), dim=-1).view(rows, cols))
     quads = codes.view(-1, BLOCK, groups, 16, 4)  # [block, row, group, chunk, 4 inputs]
     paired = quads[..., 0:2] | (quads[..., 2:4] << 4)
-    chunk_major = paired.permute(0, 2, 3, 1, 4)  # [block, group, chunk, row, 2]
-    blocks = chunk_major.shape[0]
-    blocked = chunk_major.reshape(blocks, groups, 8, 2, BLOCK, 2).transpose(3, 4).reshape(blocks, groups, 8, BLOCK, 4)
+    blocked = paired.permute(0, 2, 3, 1, 4).contiguous()
 
     def per_block(t) -> torch.Tensor:
         return _pad_rows(torch.from_numpy(t)).view(-1, BLOCK, groups).transpose(1, 2).contiguous()
 
-    return blocked.contiguous(), per_block(weight.scale), per_block(weight.zero)
-
-
-def _chunk_major(codes: torch.Tensor) -> torch.Tensor:
-    """Blocked int4 codes as [blocks, groups, 16 chunks, 16 rows, 2] (each chunk's rows together)."""
-    blocks, groups = codes.shape[0], codes.shape[1]
-    return codes.view(blocks, groups, 8, BLOCK, 2, 2).transpose(3, 4).reshape(blocks, groups, 16, BLOCK, 2)
+    return blocked, per_block(weight.scale), per_block(weight.zero)
 
 
 def unblock_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, rows: int) -> Int4Weight:
     """The inverse of block_int4: the canonical weight of its first ``rows`` rows."""
     blocks, groups = codes.shape[0], codes.shape[1]
-    paired = _chunk_major(codes).permute(0, 3, 1, 2, 4)  # [block, row, group, chunk, 2]
+    paired = codes.permute(0, 3, 1, 2, 4)  # [block, row, group, chunk, 2]
     quads = torch.cat((paired & 0x0F, paired >> 4), dim=-1).reshape(blocks * BLOCK, -1)[:rows]
     packed = quads[:, 0::2] | (quads[:, 1::2] << 4)  # low nibble first
 
@@ -69,7 +57,7 @@ def unblock_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, r
 def int4_rows(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Rows ``ids`` of a blocked int4 weight as float32 [len(ids), K]."""
     block, lane = ids // BLOCK, ids % BLOCK
-    picked = codes[block, :, :, lane, :].reshape(len(ids), codes.shape[1], 16, 2)  # [n, groups, 16 chunks, 2]
+    picked = codes[block, :, :, lane, :]  # [n, groups, 16 chunks, 2]
     q = torch.stack((picked & 0x0F, picked >> 4), dim=-2).view(len(ids), -1, GROUP).float()
     s, z = scale[block, :, lane].float(), zero[block, :, lane].float()
     return (q * s[..., None] + z[..., None]).view(len(ids), -1)
@@ -79,7 +67,7 @@ def int4_block_rows(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
                     out: torch.Tensor) -> None:
     """Blocks [first, stop) as float32 rows into out [(stop - first) * 16, K]."""
     n, groups = stop - first, codes.shape[1]
-    part = _chunk_major(codes[first:stop])
+    part = codes[first:stop]
     q = torch.stack((part & 0x0F, part >> 4), dim=-2)  # [n, groups, chunk, row, 2 nibbles, 2]
     q = q.permute(0, 3, 1, 2, 4, 5).reshape(n * BLOCK, groups, GROUP)
     s = scale[first:stop].transpose(1, 2).reshape(n * BLOCK, groups, 1)

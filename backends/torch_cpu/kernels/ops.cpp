@@ -64,8 +64,8 @@ void require_q4b(bool vnni) {
 
 // The blocked int4 layout of N output rows; returns K.
 int64_t check_q4b_weight(const at::Tensor& codes, const at::Tensor& scale, const at::Tensor& zero, int64_t N) {
-  // codes [blocks, groups, 8, 16, 4] uint8; scale, zero [blocks, groups, 16] float16
-  TORCH_CHECK(codes.dim() == 5 && codes.size(2) == 8 && codes.size(3) == 16 && codes.size(4) == 4 && codes.is_contiguous() &&
+  // codes [blocks, groups, 16, 16, 2] uint8; scale, zero [blocks, groups, 16] float16
+  TORCH_CHECK(codes.dim() == 5 && codes.size(2) == 16 && codes.size(3) == 16 && codes.is_contiguous() &&
                   codes.scalar_type() == at::kByte, "codes must be the contiguous blocked int4 layout");
   TORCH_CHECK(codes.size(0) == (N + 15) / 16 && scale.numel() == codes.size(0) * codes.size(1) * 16 &&
                   zero.numel() == scale.numel() && scale.is_contiguous() && zero.is_contiguous() &&

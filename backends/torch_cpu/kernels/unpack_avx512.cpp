@@ -1,7 +1,7 @@
 // Blocked int4 and bfloat16 weights unpacked into a prefill tile (AVX-512), float32 or bfloat16.
 //
-// The tile is written transposed, [K, 16 * blocks]: in the blocked layout one 64-byte load holds
-// the same 8 inputs of a block's 16 rows (a row's per 32-bit lane), so each of those inputs becomes one 16-float store of
+// The tile is written transposed, [K, 16 * blocks]: in the blocked layout one 32-byte chunk holds
+// the same 4 inputs of a block's 16 rows, so each of those inputs becomes one 16-float store of
 // the 16 rows side by side, with the rows' scales and zeros loaded once per group. GEMM reads the
 // transposed tile as its B operand at no extra cost (x @ tile instead of x @ tile.T). The pure-torch
 // unpack this replaces ran at ~0.5 G weights/s on a Sapphire Rapids, so a 72-row int4 prefill
@@ -31,10 +31,8 @@ QS_AVX512 void unpack_group(const uint8_t* codes, const uint16_t* scale, const u
     const __m512 z = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(zero + at)));
     const uint8_t* chunks = codes + at * 32;
     for (int64_t c = 0; c < 16; c++) {
-      // 16 rows' two bytes of chunk c (the low word of each lane for even c, the high for odd):
-      // byte 0 holds inputs 4c and 4c + 2, byte 1 inputs 4c + 1 and 4c + 3
-      const __m512i lanes = _mm512_loadu_si512(chunks + (c / 2) * 64);
-      const __m512i w = c % 2 ? _mm512_srli_epi32(lanes, 16) : _mm512_and_si512(lanes, _mm512_set1_epi32(0xFFFF));
+      // 16 rows' two bytes: byte 0 holds inputs 4c and 4c + 2, byte 1 inputs 4c + 1 and 4c + 3
+      const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunks + c * 32)));
       const __m512i q[4] = {_mm512_and_si512(w, nibble), _mm512_and_si512(_mm512_srli_epi32(w, 8), nibble),
                             _mm512_and_si512(_mm512_srli_epi32(w, 4), nibble), _mm512_srli_epi32(w, 12)};
       for (int j = 0; j < 4; j++) {

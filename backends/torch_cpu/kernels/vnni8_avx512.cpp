@@ -4,8 +4,8 @@
 // (and the broadcasts and unpacking that feed them); here each instruction does twice the work.
 // int8 activations are what llama.cpp's Q4_0 / Q8_0 dot products use too (Q8_0, per 32).
 //
-// The int4 layout has each output row's bytes of two consecutive chunks side by side in one 32-bit
-// lane (blocked_layout.py); the int8 layout, shared with bf16, takes one vpermw per 64 bytes for it.
+// The blocked layouts are not changed: one vpermw per 64 bytes puts each output row's 4 bytes
+// (two 16-bit words of consecutive chunks) side by side in its lane.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -36,8 +36,8 @@ QS_INLINE __m512i pair_words() {
   return _mm512_load_si512(index);
 }
 
-// int4: lane r holds (low nibbles) inputs 0 1 4 5 and (high) 2 3 6 7 of each 8, so the
-// activations are stored in that order: 16-bit words 0 2 1 3 of every 4. int8
+// int4: after the permute, lane r holds (low nibbles) inputs 0 1 4 5 and (high) 2 3 6 7 of each
+// 8, so the activations are stored in that order: 16-bit words 0 2 1 3 of every 4. int8
 // (nibble_order false): natural order, the sign bit flipped (q + 128).
 Activations8 quantize8(const float* x, int64_t M, int64_t K, bool nibble_order) {
   const int64_t groups = M * K / GROUP;
@@ -86,7 +86,7 @@ constexpr int TILE_ROWS = 8;
 // q - 8 is the integer dot minus 8 times the activations' code sum, exact.
 template <int MT>
 QS_INLINE void q4_tile(const Activations8& a, int64_t m0, int64_t K, const uint8_t* block, const uint16_t* scale,
-                       const uint16_t* zero, float* y, int64_t N, int64_t n0) {
+                       const uint16_t* zero, float* y, int64_t N, int64_t n0, __m512i pairs) {
   const int64_t groups = K / GROUP;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   __m512 acc[MT];
@@ -97,7 +97,7 @@ QS_INLINE void q4_tile(const Activations8& a, int64_t m0, int64_t K, const uint8
     __m512i dot[MT];
     for (int m = 0; m < MT; m++) dot[m] = _mm512_setzero_si512();
     for (int c = 0; c < 8; c++) {  // 8 inputs: chunks 2c and 2c + 1
-      const __m512i w = _mm512_loadu_si512(wg + c * 64);
+      const __m512i w = _mm512_permutexvar_epi16(pairs, _mm512_loadu_si512(wg + c * 64));
       const __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
       for (int m = 0; m < MT; m++) {
         dpbusd(dot[m], lo, broadcast4(xg + m * K + 8 * c));
@@ -162,10 +162,11 @@ void q4b_matmul_vnni8(const float* x, int64_t M, int64_t K, const uint8_t* codes
                       const uint16_t* zero, int64_t N, float* y) {
   const Activations8 a = quantize8(x, M, K, true);
   const int64_t groups = K / GROUP;
+  const __m512i pairs = pair_words();
   at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t b_begin, int64_t b_end) {
     each_tile(M, b_begin, b_end, [&](int64_t b, int64_t m0, auto rows) {
       q4_tile<decltype(rows)::value>(a, m0, K, codes + b * groups * 512, scale + b * groups * 16,
-                                     zero + b * groups * 16, y, N, b * 16);
+                                     zero + b * groups * 16, y, N, b * 16, pairs);
     });
   });
 }
@@ -203,6 +204,7 @@ void q4b_moe_vnni8(const float* x, int64_t T, int64_t H, int64_t top_k, const in
     if (start[e + 1] > start[e]) active.push_back(e);
   std::fill(out, out + T * H, 0.f);
 
+  const __m512i pairs = pair_words();
   std::vector<float> rows, gate_up, act, down;
   for (size_t first = 0; first < active.size();) {
     size_t last = first + 1;  // the wave: experts active[first, last), pairs [r0, r1)
@@ -225,7 +227,7 @@ void q4b_moe_vnni8(const float* x, int64_t T, int64_t H, int64_t top_k, const in
           const uint16_t* zero = reinterpret_cast<const uint16_t*>(address[2]) + b * groups * 16;
           for (int64_t m0 = start[e] - r0; m0 < start[e + 1] - r0; m0 += TILE_ROWS)
             with_count_1_to_8(start[e + 1] - r0 - m0, [&](auto count) {
-              q4_tile<decltype(count)::value>(a, m0, K, codes, scale, zero, y, N, b * 16);
+              q4_tile<decltype(count)::value>(a, m0, K, codes, scale, zero, y, N, b * 16, pairs);
             });
         }
       });

@@ -44,8 +44,9 @@ SERVERS = ("qwen-int4", "llama-q4_0", "qwen-bf16", "llama-bf16")
 SIZES = {"0.8b": (QWEN3_5_0_8B, QWEN3_5_0_8B_LINEAR), "2b": (QWEN3_5_2B, QWEN3_5_2B_LINEAR)}
 CONCURRENCY = (1, 8, 16)
 COMMON = ["--api", "completions", "--warmup", "1"]
-STAGES = [["--prompt-tokens", "64", "--output-tokens", "128", "--concurrency", str(c), "--repetitions", "3"]
-          for c in CONCURRENCY] + [["--prefill", "--repetitions", "3"]] + \
+DECODE = [["--prompt-tokens", "64", "--output-tokens", "128", "--concurrency", str(c), "--repetitions", "3"]
+          for c in CONCURRENCY]
+STAGES = DECODE + [["--prefill", "--repetitions", "3"]] + \
     [["--prompt-tokens", str(n), "--output-tokens", "64", "--concurrency", "1", "--repetitions", "1", "--warmup", "0"]
      for n in (4096, 16384)]
 CONTEXT = 20480  # a 16k prompt and its output fit one llama.cpp slot
@@ -124,9 +125,6 @@ def measure(name: str, peers: Peers, model: Path, ggufs: dict[str, Path], tokeni
     return out
 
 
-ONE_STREAM = ["--prompt-tokens", "64", "--output-tokens", "128", "--concurrency", "1", "--repetitions", "3"]
-
-
 def one_stream_turns(names: list[str], turns: int, peers: Peers, model: Path, ggufs: dict[str, Path],
                      tokenizer: Path, folder: Path) -> str:
     """One stream's decode (tok/s between tokens: 1 / time per output token) of each server, a
@@ -136,7 +134,7 @@ def one_stream_turns(names: list[str], turns: int, peers: Peers, model: Path, gg
         for name in names if turn % 2 == 0 else names[::-1]:
             with RunningServer(server_command(name, peers, model, ggufs, 1)) as server:
                 path = bench_running(server, folder / "raw", f"{name}.turn{turn}",
-                                     [*COMMON, "--tokenizer", str(tokenizer), *ONE_STREAM])
+                                     [*COMMON, "--tokenizer", str(tokenizer), *DECODE[0]])
             result = json.loads(path.read_text())["endpoints"][0]["results"][0]
             rates[name].append(result["decode_tok_s_per_stream"])
     last = names[-1]

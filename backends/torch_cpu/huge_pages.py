@@ -68,7 +68,8 @@ def advised_pieces(sizes: list[int], align: int, what: str, huge: bool) -> list[
     become resident (2 MiB or 4 KiB at a time) where first written. None where the advice is
     unknown or refused, or the address space is; `what` names the contents in the log."""
     total = sum(round_up(n, align) for n in sizes)
-    advice = getattr(mmap, "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE", None)
+    advice_name = "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE"
+    advice = getattr(mmap, advice_name, None)
     if total == 0 or advice is None:
         return None
     try:
@@ -79,7 +80,7 @@ def advised_pieces(sizes: list[int], align: int, what: str, huge: bool) -> list[
     try:
         mapping.madvise(advice)
     except OSError as error:  # a kernel without transparent huge pages
-        log.info("%s stay in torch's memory: madvise(%d) failed: %s", what, advice, error)
+        log.info("%s stay in torch's memory: madvise(%s) failed: %s", what, advice_name, error)
         mapping.close()
         return None
     raw = torch.frombuffer(mapping, dtype=torch.uint8)  # its views keep the mapping alive

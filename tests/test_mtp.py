@@ -2,8 +2,8 @@
 model verifies. Its guesses equal a head assembled from transformers' own modules (the model's
 decoder-layer class, its RMSNorm, its rotary embedding) at every step of every sequence, through
 chunked prefill, mixed batches and verification; greedy output equals transformers with the
-head on; a checkpoint without a head, or a backend that cannot run it, is a clear error; and
-without ``mtp`` the head is not even read."""
+head on, on torch and on MLX; a checkpoint without a head is a clear error; and without ``mtp``
+the head is not even read."""
 from __future__ import annotations
 
 import pytest
@@ -23,12 +23,12 @@ def checkpoint(request, tmp_path_factory):
     return add_mtp_head(directory, seed=3)
 
 
-def test_drafts_equal_a_head_built_from_transformers_modules(checkpoint):
-    llm = LLM(str(checkpoint), chunk_size=16, speculative="mtp", num_speculative_tokens=3)
+def drafts_compared_with_transformers(llm: LLM, checkpoint, prompts: list[list[int]],
+                                      params: list[SamplingParams]) -> int:
+    """Runs the requests step by step; after every step each waiting draft must equal the
+    transformers-built head's. Returns how many were compared."""
     engine = llm.engine
-    prompts = [list(range(1, 8)), list(range(100, 140)), list(range(7, 30))]  # 40 tokens: three chunks
-    seqs = [engine.add_request(f"r{i}", p, SamplingParams(max_tokens=6 + i, ignore_eos=True))
-            for i, p in enumerate(prompts)]
+    seqs = [engine.add_request(f"r{i}", p, q) for i, (p, q) in enumerate(zip(prompts, params))]
     compared = 0
     while engine.has_unfinished():
         engine.step()
@@ -36,11 +36,44 @@ def test_drafts_equal_a_head_built_from_transformers_modules(checkpoint):
             if seq.next_draft:
                 assert seq.next_draft == hf_mtp_drafts(checkpoint, seq.token_ids(), len(seq.next_draft))
                 compared += 1
-    assert compared >= 12 and engine.stats.draft_tokens_total > 0
+    return compared
 
 
-def test_greedy_with_mtp_equals_transformers(checkpoint):
-    llm = LLM(str(checkpoint), chunk_size=16, speculative="mtp", num_speculative_tokens=2)
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_drafts_equal_a_head_built_from_transformers_modules(checkpoint, backend):
+    llm = LLM(str(checkpoint), backend=backend, chunk_size=16, speculative="mtp", num_speculative_tokens=3)
+    # 40 tokens first (three chunks): its later chunks share steps with the others' decodes
+    prompts = [list(range(100, 140)), list(range(50, 60)), list(range(1, 8)), list(range(7, 30))]
+    params = [SamplingParams(max_tokens=6 + i, ignore_eos=True, speculative=i != 1) for i in range(4)]
+    assert drafts_compared_with_transformers(llm, checkpoint, prompts, params) >= 12
+    assert llm.engine.stats.draft_tokens_total > 0
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_accepted_drafts_beside_decodes_continue_from_their_own_rows(tmp_path, backend):
+    """On a 4-token vocabulary some drafts are accepted (about 1 in 10 here), so a verified chunk
+    keeps several rows beside the one-row decodes of a request that never speculates (second in
+    the step's order; MLX lays a step's rows out one-row chunks first, and the head must read
+    each chunk's own rows back in the step's order)."""
+    from dataclasses import replace
+
+    from qwen_serve.conformance import speculation
+    from qwen_serve.conformance.models import QWEN3_5_TINY
+
+    directory = make_qwen3_5_checkpoint(tmp_path, replace(QWEN3_5_TINY, vocab_size=speculation.VOCAB), seed=7,
+                                        init_std=0.1)
+    add_mtp_head(directory, seed=7, init_std=0.1)
+    llm = LLM(str(directory), backend=backend, speculative="mtp", num_speculative_tokens=3)
+    prompts = [[0, 1, 2, 3, 2], [3, 3, 1], [2, 0, 1, 1, 0, 3]]
+    params = [SamplingParams(max_tokens=16, ignore_eos=True, speculative=i != 1) for i in range(3)]
+    assert drafts_compared_with_transformers(llm, directory, prompts, params) >= 8
+    stats = llm.engine.stats
+    assert stats.accepted_draft_tokens_total > 0
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_greedy_with_mtp_equals_transformers(checkpoint, backend):
+    llm = LLM(str(checkpoint), backend=backend, chunk_size=16, speculative="mtp", num_speculative_tokens=2)
     prompts = [list(range(1, 8)), list(range(100, 140))]
     outs = llm.generate(prompts, SamplingParams(max_tokens=10, ignore_eos=True))
     for prompt, out in zip(prompts, outs):
@@ -50,8 +83,9 @@ def test_greedy_with_mtp_equals_transformers(checkpoint):
     assert usage.used == usage.cached and usage.states_used == usage.state_snapshots
 
 
-def test_the_head_is_read_only_for_mtp(checkpoint):
-    plain, drafting = LLM(str(checkpoint)), LLM(str(checkpoint), speculative="mtp")
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_the_head_is_read_only_for_mtp(checkpoint, backend):
+    plain, drafting = LLM(str(checkpoint), backend=backend), LLM(str(checkpoint), backend=backend, speculative="mtp")
     assert not plain.parts.model_config.draft_layers and plain.parts.executor.draft_head is None
     assert drafting.parts.model_config.kv_layers == plain.parts.model_config.kv_layers + 1
     assert drafting.parts.executor.weight_bytes() > plain.parts.executor.weight_bytes()
@@ -63,15 +97,15 @@ def test_a_checkpoint_without_a_head_is_a_clear_error(tmp_path):
         LLM(str(directory), speculative="mtp")
 
 
-def test_mlx_refuses_the_head(checkpoint):
-    with pytest.raises(ModelLoadError, match="does not run a multi-token-prediction head"):
-        LLM(str(checkpoint), backend="mlx", speculative="mtp")
-
-
 def test_int4_with_the_head_decodes_as_int4_without_it(checkpoint, tmp_path, monkeypatch):
     """The head's projections are int4 like the decoder's; calibration runs without speculation
-    (it once refused to start: its engine had no proposer)."""
+    (it once refused to start: its engine had no proposer). Both take the quantized kernels at
+    every row count: a decode's one row and a verified chunk's three fall in different row
+    classes, whose paths are chosen by timing, and only the kernels compute a row the same way
+    however many come with it (under a busy CPU the timing once chose otherwise, and the outputs
+    parted at the second token)."""
     monkeypatch.setenv("QWEN_SERVE_CACHE", str(tmp_path))  # measured here, not read from an earlier run
+    monkeypatch.setenv("QWEN_SERVE_KERNELS", "int4=kernel,int8=kernel")
     prompt = list(range(1, 30))
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     drafting = LLM(str(checkpoint), quant="int4", speculative="mtp", num_speculative_tokens=2)  # first: nothing cached

@@ -169,3 +169,12 @@ def rope(x: mx.array, positions: mx.array, config: ModelConfig) -> mx.array:
     rotated = mx.fast.rope(x[:, :, None, :], config.rotary_dims, traditional=False,
                            base=config.rope_theta, scale=1.0, offset=positions)
     return rotated[:, :, 0, :]
+
+
+def run_layer(layer: BuiltLayer, index: int, hidden: mx.array, cache: KVCache, step: StepLayout, config: ModelConfig,
+              attention: CachedAttention) -> mx.array:
+    """One decoder layer on the residual stream; index: its KV layer (attention) or state layer
+    (linear attention)."""
+    eps = config.rms_norm_eps
+    hidden = hidden + layer.mixer(index, mx.fast.rms_norm(hidden, layer.input_norm, eps), cache, step, config, attention)
+    return hidden + layer.mlp(mx.fast.rms_norm(hidden, layer.post_norm, eps))

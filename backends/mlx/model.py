@@ -9,14 +9,16 @@ import numpy as np
 from qwen_serve.errors import ModelLoadError
 from qwen_serve.models.built_layer import skipped_expert_bytes
 from qwen_serve.models.config import ModelConfig
+from qwen_serve.models.draft_head import greedy_drafts
 from qwen_serve.models.weights import EMBEDDING, FINAL_NORM, TensorsByName, language_model_head, layer_prefix
-from qwen_serve.protocols import KVCache, RecurrentState, SlidingWindow, StepBatch
+from qwen_serve.protocols import DraftRequest, KVCache, RecurrentState, SlidingWindow, StepBatch
 
 from .attention import CachedAttention
-from .decoder_layer import LayerWeights, build_layer
+from .decoder_layer import LayerWeights, build_layer, run_layer
+from .draft_head import DraftHeadLayers
 from .linear import DenseLinear, Linear
 from .mx import mx
-from .step_layout import build_layout
+from .step_layout import StepLayout, build_layout
 
 
 class DecoderModel:
@@ -26,13 +28,12 @@ class DecoderModel:
         c = config
         if len(c.layers) != c.num_layers:
             raise ModelLoadError(f"{c.architecture}: no layer description to build {c.num_layers} layers from")
-        if c.draft_layers:
-            raise ModelLoadError("the mlx backend does not run a multi-token-prediction head (--speculative mtp); "
-                                 "the torch backend does")
         tensors = TensorsByName(weights)
         self.layers = [build_layer(description, LayerWeights(tensors, layer_prefix(i), make_linear, c.norm_offset))
                        for i, description in enumerate(c.layers)]
         self.norm = tensors.take(FINAL_NORM).astype(mx.float32) + c.norm_offset
+        self.draft_head = DraftHeadLayers.build(c, tensors, make_linear) if c.draft_layers else None
+        self._last_step: tuple[StepBatch, mx.array] | None = None  # (batch, final hidden rows) for the head
         # The embedding is a weight of the same shape as the head, built the same way (as int8
         # under quant "int4"): with tied embeddings the lookup and the head read one array.
         self.embedding = make_linear(tensors.take(EMBEDDING), None)
@@ -43,9 +44,13 @@ class DecoderModel:
         # another thread, and the server's engine runs on its own.
         mx.eval(self._norms(), [vars(x) for x in self._linears()])
 
+    def built_layers(self) -> list:
+        """The decoder layers, then the draft head's (if built)."""
+        return self.layers + (self.draft_head.layers if self.draft_head is not None else [])
+
     def projections(self):
         """Calibratable.projections, layer by layer."""
-        for layer in self.layers:
+        for layer in self.built_layers():
             yield from layer.projections()
 
     @staticmethod
@@ -60,33 +65,59 @@ class DecoderModel:
         return self.weight_bytes() - skipped_expert_bytes(self.layers)
 
     def _linears(self) -> list[Linear]:
-        every = [self.embedding, self.lm_head] + [linear for layer in self.layers for linear in layer.linears()]
+        every = [self.embedding, self.lm_head] + [linear for layer in self.built_layers() for linear in layer.linears()]
+        every += self.draft_head.linears() if self.draft_head is not None else []
         return list({id(x): x for x in every if x is not None}.values())  # a tied head counts once
 
     def _norms(self) -> list[mx.array]:
-        return [self.norm] + [t for layer in self.layers for t in layer.norms()]
+        norms = [self.norm] + [t for layer in self.built_layers() for t in layer.norms()]
+        return norms + (self.draft_head.norms() if self.draft_head is not None else [])
 
     def execute(self, batch: StepBatch, cache: KVCache) -> mx.array:
-        logits = self.lm_head(self._final_hidden(batch, cache))
+        hidden, step = self._residual(batch, cache)
+        eps = self.config.rms_norm_eps
+        if self.draft_head is None:
+            logits = self.lm_head(mx.fast.rms_norm(hidden[step.sample_rows], self.norm, eps))
+        else:  # the head continues from every row's final hidden state
+            normed = mx.fast.rms_norm(hidden, self.norm, eps)
+            self._last_step = (batch, normed[step.in_chunk_order])
+            logits = self.lm_head(normed[step.sample_rows])
+            mx.eval(self._last_step[1])
         mx.eval(logits)
         return logits
 
+    def draft(self, requests: Sequence[DraftRequest], cache: KVCache) -> list[list[int]]:
+        """DraftHead: greedy rounds of the head (qwen_serve.models.draft_head) from the last step."""
+        batch, hidden = self._last_step
+        return greedy_drafts(requests, batch.chunks, hidden, lambda b, rows: self._draft_pass(b, rows, cache),
+                             lambda x, rows: x[mx.array(rows, dtype=mx.int32)],
+                             lambda out: mx.argmax(self.lm_head(out), axis=-1).tolist())
+
+    def _draft_pass(self, batch: StepBatch, hidden: mx.array, cache: KVCache) -> mx.array:
+        """The draft head over batch (each chunk's tokens: the ones after its hidden rows, which
+        come in chunk order, as the output rows go)."""
+        step = self._layout(batch, cache)
+        out = self.draft_head(self.embedding.rows(step.token_ids), hidden[step.from_chunk_order], cache, step,
+                              self.config, self.attention)
+        return out[step.in_chunk_order]
+
     def pool(self, batch: StepBatch, cache: KVCache, logit_ids: Sequence[int] | None) -> np.ndarray:
         """Pools: the final hidden rows, or the head's logits of logit_ids only."""
-        hidden = self._final_hidden(batch, cache)
+        hidden, step = self._residual(batch, cache)
+        hidden = mx.fast.rms_norm(hidden[step.sample_rows], self.norm, self.config.rms_norm_eps)
         rows = hidden if logit_ids is None else self.lm_head(hidden)[:, mx.array(list(logit_ids))]
         return self.to_numpy(rows)
 
-    def _final_hidden(self, batch: StepBatch, cache: KVCache) -> mx.array:
-        """The final norm's output at the sampled positions."""
+    def _layout(self, batch: StepBatch, cache: KVCache) -> StepLayout:
         sliding = cache if isinstance(cache, SlidingWindow) else None
         recurrent = cache if isinstance(cache, RecurrentState) else None
-        step = build_layout(batch, cache.block_size, cache.block_table, sliding, recurrent)
-        eps = self.config.rms_norm_eps
+        return build_layout(batch, cache.block_size, cache.block_table, sliding, recurrent)
+
+    def _residual(self, batch: StepBatch, cache: KVCache) -> tuple[mx.array, StepLayout]:
+        """The residual stream after the last layer, every row in the layout's order."""
+        step = self._layout(batch, cache)
         hidden = self.embedding.rows(step.token_ids)
         # each mixer addresses its own kind's layers: KV for attention, states for linear attention
         for index, layer in zip(self.config.mixer_indices(), self.layers):
-            x = mx.fast.rms_norm(hidden, layer.input_norm, eps)
-            hidden = hidden + layer.mixer(index, x, cache, step, self.config, self.attention)
-            hidden = hidden + layer.mlp(mx.fast.rms_norm(hidden, layer.post_norm, eps))
-        return mx.fast.rms_norm(hidden[step.sample_rows], self.norm, eps)
+            hidden = run_layer(layer, index, hidden, cache, step, self.config, self.attention)
+        return hidden, step

@@ -51,6 +51,8 @@ class StepLayout:
     decode_mask: mx.array | None  # [B, 1, 1, decode_len], True = may attend; None if unpadded
     prefills: list[PrefillSpan]
     sample_rows: mx.array  # rows whose logits are wanted, in chunk order
+    in_chunk_order: mx.array  # [T] every row, in chunk order (the engine's): rows[in_chunk_order]
+    from_chunk_order: mx.array  # [T] its inverse: rows given in chunk order, taken [from_chunk_order], are in row order
     states: list[ChunkState]  # every chunk's, in row order (empty unless the cache holds states)
 
 
@@ -85,6 +87,8 @@ def build_layout(batch: StepBatch, block_size: int, block_table: Callable[[int],
         end_row[id(chunk)] = row
     # a chunk with drafts wants every draft position's logits too
     sample_rows = [r for c in batch.chunks if c.sample for r in range(end_row[id(c)] - 1 - c.num_draft, end_row[id(c)])]
+    in_chunk_order = np.array([r for c in batch.chunks for r in range(end_row[id(c)] - len(c.token_ids), end_row[id(c)])],
+                              dtype=np.int64)
 
     decode_hist = histories[:len(decodes)]
     lengths = np.array([len(h) for h in decode_hist], dtype=np.int64)
@@ -119,6 +123,8 @@ def build_layout(batch: StepBatch, block_size: int, block_table: Callable[[int],
         decode_mask=mask,
         prefills=spans,
         sample_rows=_index(sample_rows),
+        in_chunk_order=_index(in_chunk_order),
+        from_chunk_order=_index(np.argsort(in_chunk_order)),
         states=states,
     )
 

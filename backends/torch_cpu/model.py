@@ -13,8 +13,9 @@ from qwen_serve.errors import ModelLoadError
 from qwen_serve.heap import return_free_heap
 from qwen_serve.models.built_layer import skipped_expert_bytes
 from qwen_serve.models.config import ModelConfig
+from qwen_serve.models.draft_head import greedy_drafts
 from qwen_serve.models.weights import EMBEDDING, FINAL_NORM, TensorsByName, language_model_head, layer_prefix
-from qwen_serve.protocols import DraftRequest, KVCache, ScheduledChunk, StepBatch
+from qwen_serve.protocols import DraftRequest, KVCache, StepBatch
 
 from . import delta_block
 from .attention import CachedAttention
@@ -47,7 +48,7 @@ class DecoderModel:
                                                                      c.norm_offset)))
             return_free_heap()  # the loaded tensors this layer was made from (else ~2x the weights at the end)
         self.norm = tensors.take(FINAL_NORM).float() + c.norm_offset
-        self.draft_head = DraftHeadLayers(c, tensors, make_linear) if c.draft_layers else None
+        self.draft_head = DraftHeadLayers.build(c, tensors, make_linear) if c.draft_layers else None
         self._last_step: tuple[StepBatch, torch.Tensor] | None = None  # (batch, final hidden rows) for the head
         self.mixer_indices = c.mixer_indices()  # each layer's KV layer or state layer
         self.recurrent = bool(c.linear_attention())
@@ -117,31 +118,11 @@ class DecoderModel:
 
     @torch.inference_mode()
     def draft(self, requests: Sequence[DraftRequest], cache: KVCache) -> list[list[int]]:
-        """DraftHead: the head over each request's kept rows of the last step, then on its own
-        guesses, one position further each time; greedy."""
+        """DraftHead: greedy rounds of the head (qwen_serve.models.draft_head) from the last step."""
         batch, hidden = self._last_step
-        starts = np.cumsum([0] + [len(c.token_ids) for c in batch.chunks])
-        rows = torch.cat([torch.arange(starts[r.chunk], starts[r.chunk] + len(r.next_tokens)) for r in requests])
-        chunks = [ScheduledChunk(r.seq_id, r.next_tokens, r.start, True) for r in requests]
-        out = self._draft_pass(StepBatch(tuple(chunks)), hidden.index_select(0, rows), cache)
-        drafts: list[list[int]] = [[] for _ in requests]
-        ends = np.cumsum([len(r.next_tokens) for r in requests]) - 1
-        active = [i for i, r in enumerate(requests) if r.num_draft]
-        out = out[torch.as_tensor(ends[active], dtype=torch.long)] if active else out[:0]
-        for step in range(max((requests[i].num_draft for i in active), default=0)):
-            guesses = self.lm_head(out).argmax(-1).tolist()
-            for i, token in zip(active, guesses):
-                drafts[i].append(token)
-            going = [j for j, i in enumerate(active) if requests[i].num_draft > step + 1]
-            if not going:
-                break
-            # the guess sits one past the head's last row: the position after the kept rows, plus step
-            chunks = [ScheduledChunk(requests[active[j]].seq_id, (guesses[j],),
-                                     requests[active[j]].start + len(requests[active[j]].next_tokens) + step, True)
-                      for j in going]
-            out = self._draft_pass(StepBatch(tuple(chunks)), out[torch.as_tensor(going, dtype=torch.long)], cache)
-            active = [active[j] for j in going]
-        return drafts
+        return greedy_drafts(requests, batch.chunks, hidden, lambda b, rows: self._draft_pass(b, rows, cache),
+                             lambda x, rows: x.index_select(0, torch.as_tensor(rows, dtype=torch.long)),
+                             lambda out: self.lm_head(out).argmax(-1).tolist())
 
     def _draft_pass(self, batch: StepBatch, hidden: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """The draft head over batch (each chunk's tokens: the ones after its hidden rows)."""

@@ -78,12 +78,12 @@ class DecoderModel:
         eps = self.config.rms_norm_eps
         if self.draft_head is None:
             logits = self.lm_head(mx.fast.rms_norm(hidden[step.sample_rows], self.norm, eps))
-        else:  # the head continues from every row's final hidden state
-            normed = mx.fast.rms_norm(hidden, self.norm, eps)
-            self._last_step = (batch, normed[step.in_chunk_order])
-            logits = self.lm_head(normed[step.sample_rows])
-            mx.eval(self._last_step[1])
-        mx.eval(logits)
+            mx.eval(logits)
+            return logits
+        normed = mx.fast.rms_norm(hidden, self.norm, eps)  # the head continues from every row
+        self._last_step = (batch, normed[step.in_chunk_order])
+        logits = self.lm_head(normed[step.sample_rows])
+        mx.eval(logits, self._last_step[1])
         return logits
 
     def draft(self, requests: Sequence[DraftRequest], cache: KVCache) -> list[list[int]]:

@@ -115,9 +115,10 @@ def test_int4_with_the_head_decodes_as_int4_without_it(checkpoint, tmp_path, mon
     assert drafting.engine.stats.draft_tokens_total > 0
 
 
-def test_sampled_output_with_the_head_keeps_the_distribution(tmp_path):
-    """Check 7 with the head as the proposer, on a 4-token hybrid (Qwen3.5 with an MTP head): the
-    first tokens of 4,000 seeded requests against transformers' exact joint distribution."""
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_sampled_output_with_the_head_keeps_the_distribution(tmp_path, backend):
+    """Check 7 with the head as the proposer on each backend, on a 4-token hybrid (Qwen3.5 with an MTP
+    head): the first tokens of 4,000 seeded requests against transformers' exact joint distribution."""
     from dataclasses import replace
 
     from qwen_serve.conformance import speculation
@@ -126,7 +127,8 @@ def test_sampled_output_with_the_head_keeps_the_distribution(tmp_path):
     directory = make_qwen3_5_checkpoint(tmp_path, replace(QWEN3_5_TINY, vocab_size=speculation.VOCAB), seed=7,
                                         init_std=0.1)
     add_mtp_head(directory, seed=7, init_std=0.1)
-    llm = LLM(str(directory), speculative="mtp", num_speculative_tokens=speculation.SPECULATIVE_TOKENS, max_batch=64)
+    llm = LLM(str(directory), backend=backend, speculative="mtp", num_speculative_tokens=speculation.SPECULATIVE_TOKENS,
+              max_batch=64)
     sampled = speculation.sample_joint(llm)
     statistic, df, p_value = speculation.chi_square(sampled.counts, speculation.exact_joint(directory))
     assert 0 < sampled.accepted < sampled.drafts

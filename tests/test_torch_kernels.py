@@ -431,8 +431,25 @@ def test_fused_layer_steps_match_their_torch_form(rows):
     summed, normed = fused.add_rms_norm(hidden.clone(), delta, weight, 1e-6)
     torch.testing.assert_close(summed, expected_hidden)
     torch.testing.assert_close(normed, expected_norm)
-    angles = torch.rand(rows, 32) * 40
-    cos, sin = angles.cos(), angles.sin()
+    for rotary in (32, 8):  # every dimension of a head, or its first quarter (Qwen3.5)
+        angles = torch.rand(rows, rotary) * 40
+        _check_head_norm_rope(fused, plain, rows, angles.cos(), angles.sin())
+    gate, up = torch.randn(rows, 200) * 4, torch.randn(rows, 200)
+    torch.testing.assert_close(fused.silu_mul(gate, up), plain.silu_mul(gate, up))
+    for width in (200, 3000):  # 3000: the threads split rows midway
+        gate_up = torch.randn(rows, 2 * width) * 4  # the halves of a merged gate/up output
+        gate, up = gate_up[:, :width], gate_up[:, width:]
+        torch.testing.assert_close(fused.ops.silu_mul(gate, up), F.silu(gate) * up)  # the kernel itself
+    overlapping = torch.randn(1, 4, 32).expand(max(rows, 2), 4, 32)  # rows sharing memory: refused
+    cos, sin = torch.ones(len(overlapping), 32), torch.zeros(len(overlapping), 32)
+    with pytest.raises(RuntimeError, match="overlap"):
+        fused.ops.head_norm_rope_(overlapping, None, 1e-6, cos, sin)
+    with pytest.raises(RuntimeError, match="rotary width"):  # wider than a head
+        fused.ops.head_norm_rope_(torch.randn(2, 4, 32), None, 1e-6, torch.ones(2, 34), torch.zeros(2, 34))
+
+
+def _check_head_norm_rope(fused, plain, rows: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """The kernel against the torch form, heads of 32 with cos and sin as wide as the rotation."""
     for head_weight in (torch.rand(32) + 0.5, None):
         x = torch.randn(rows, 4, 32)
         expected = plain.head_norm_rope(x.clone(), head_weight, 1e-6, cos, sin)
@@ -446,16 +463,6 @@ def test_fused_layer_steps_match_their_torch_form(rows):
         torch.testing.assert_close(merged[:, 4 * 32:6 * 32].view(rows, 2, 32), expected)
         torch.testing.assert_close(merged[:, :4 * 32], before[:, :4 * 32], rtol=0, atol=0)
         torch.testing.assert_close(merged[:, 6 * 32:], before[:, 6 * 32:], rtol=0, atol=0)
-    gate, up = torch.randn(rows, 200) * 4, torch.randn(rows, 200)
-    torch.testing.assert_close(fused.silu_mul(gate, up), plain.silu_mul(gate, up))
-    for width in (200, 3000):  # 3000: the threads split rows midway
-        gate_up = torch.randn(rows, 2 * width) * 4  # the halves of a merged gate/up output
-        gate, up = gate_up[:, :width], gate_up[:, width:]
-        torch.testing.assert_close(fused.ops.silu_mul(gate, up), F.silu(gate) * up)  # the kernel itself
-    overlapping = torch.randn(1, 4, 32).expand(max(rows, 2), 4, 32)  # rows sharing memory: refused
-    with pytest.raises(RuntimeError, match="overlap"):
-        fused.ops.head_norm_rope_(overlapping, None, 1e-6, cos[:1].expand(len(overlapping), 32).contiguous(),
-                                  sin[:1].expand(len(overlapping), 32).contiguous())
 
 
 @needs_kernels

@@ -66,7 +66,7 @@ class LayerOps:
         the positions whose cos and sin are [T, R], on the first R dimensions of each head (R < D:
         partial rotary, the rest passes). x may be a column slice (rows at a stride)."""
         rotary = cos.shape[-1]
-        if self.ops is not None and rotary == x.shape[-1] and float_rows(x) and _fusable(cos, sin):
+        if self.ops is not None and rotary % 2 == 0 and float_rows(x) and _fusable(cos, sin):
             self.ops.head_norm_rope_(x, weight, eps, cos, sin)
             return x
         if weight is not None:

@@ -50,16 +50,17 @@ void add_rms_norm(float* hidden, const float* delta, int64_t T, int64_t H, const
 }
 
 // x [T, heads, D] in place, token t's heads starting at x + t * row_stride (x may be the q, k or v
-// columns of a merged projection's output): RMSNorm over each head (when w is not null), then
-// x * cos + rotate_half(x) * sin with cos, sin [T, D].
-void head_norm_rope(float* x, int64_t T, int64_t row_stride, int64_t heads, int64_t D, const float* w, float eps,
-                    const float* cos, const float* sin) {
-  const int64_t half = D / 2;
+// columns of a merged projection's output): RMSNorm over each head (when w is not null), then on
+// its first R dimensions (R = D, or fewer: partial rotary, Qwen3.5's quarter) x * cos +
+// rotate_half(x) * sin with cos, sin [T, R]; the other D - R pass.
+void head_norm_rope(float* x, int64_t T, int64_t row_stride, int64_t heads, int64_t D, int64_t R, const float* w,
+                    float eps, const float* cos, const float* sin) {
+  const int64_t half = R / 2;
   at::parallel_for(0, T * heads, ROW_GRAIN * heads, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; r++) {
       float* v = x + (r / heads) * row_stride + (r % heads) * D;
-      const float* c = cos + (r / heads) * D;
-      const float* s = sin + (r / heads) * D;
+      const float* c = cos + (r / heads) * R;
+      const float* s = sin + (r / heads) * R;
       if (w != nullptr) scale_row(v, w, inverse_rms(v, D, eps), D, v);
       for (int64_t i = 0; i < half; i++) {  // element i pairs with i + half only: in place
         const float first = v[i], second = v[i + half];

@@ -70,8 +70,8 @@ void bf16c_matmul_avx2(const float* x, int64_t M, int64_t K, const uint16_t* w, 
 // and silu_mul take rows at a stride (the column slices of a merged projection's output).
 void rms_norm(const float* x, int64_t T, int64_t H, const float* w, float eps, float* y);
 void add_rms_norm(float* hidden, const float* delta, int64_t T, int64_t H, const float* w, float eps, float* y);
-void head_norm_rope(float* x, int64_t T, int64_t row_stride, int64_t heads, int64_t D, const float* w, float eps,
-                    const float* cos, const float* sin);
+void head_norm_rope(float* x, int64_t T, int64_t row_stride, int64_t heads, int64_t D, int64_t R, const float* w,
+                    float eps, const float* cos, const float* sin);
 void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, int64_t gate_stride, int64_t up_stride,
               float* y);
 void silu_row(float* x, int64_t n);  // in place, one row (no threads)

@@ -302,18 +302,18 @@ void head_norm_rope_(at::Tensor x, const c10::optional<at::Tensor>& weight, doub
                      const at::Tensor& sin) {
   check_strided_rows(x, "x");
   TORCH_CHECK(x.dim() == 3, "x must be [T, heads, D]");
-  const int64_t T = x.size(0), heads = x.size(1), D = x.size(2);
-  TORCH_CHECK(D % 2 == 0, "head size ", D, " must be even");
+  const int64_t T = x.size(0), heads = x.size(1), D = x.size(2), R = cos.dim() == 2 ? cos.size(1) : 0;
   check_rows(cos, "cos");
   check_rows(sin, "sin");
-  TORCH_CHECK(cos.numel() == T * D && sin.numel() == T * D, "cos and sin must be [T, D]");
+  TORCH_CHECK(R > 0 && R % 2 == 0 && R <= D, "the rotary width ", R, " must be even and at most the head size ", D);
+  TORCH_CHECK(cos.numel() == T * R && sin.sizes() == cos.sizes(), "cos and sin must be [T, rotary width]");
   const float* w = nullptr;
   if (weight.has_value()) {
     check_weight(*weight, D);
     w = weight->data_ptr<float>();
   }
-  qs::head_norm_rope(x.data_ptr<float>(), T, x.stride(0), heads, D, w, static_cast<float>(eps), cos.data_ptr<float>(),
-                     sin.data_ptr<float>());
+  qs::head_norm_rope(x.data_ptr<float>(), T, x.stride(0), heads, D, R, w, static_cast<float>(eps),
+                     cos.data_ptr<float>(), sin.data_ptr<float>());
 }
 
 at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
@@ -432,8 +432,8 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::TensorLis
     const float* q_norm = w[4].numel() ? w[4].data_ptr<float>() : nullptr;
     const float* k_norm = w[5].numel() ? w[5].data_ptr<float>() : nullptr;
     project(w + 1, xp, E, n_qkv, qkvp);
-    qs::head_norm_rope(qkvp, T, n_qkv, heads, D, q_norm, f_eps, cp, sp);
-    qs::head_norm_rope(qkvp + n_q, T, n_qkv, kv_heads, D, k_norm, f_eps, cp, sp);
+    qs::head_norm_rope(qkvp, T, n_qkv, heads, D, D, q_norm, f_eps, cp, sp);
+    qs::head_norm_rope(qkvp + n_q, T, n_qkv, kv_heads, D, D, k_norm, f_eps, cp, sp);
     qs::kv_write(qkvp + n_q, qkvp + n_q + n_kv, T, n_qkv, n_qkv, n_kv, slots.data_ptr<int64_t>(),
                  key_caches[l].data_ptr(), value_caches[l].data_ptr(), bf16);
     qs::paged_decode_avx512(qkvp, n_qkv, T, heads, D, key_caches[l].data_ptr(), value_caches[l].data_ptr(), bf16,

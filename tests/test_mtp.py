@@ -84,6 +84,28 @@ def test_greedy_with_mtp_equals_transformers(checkpoint, backend):
 
 
 @pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_a_prefix_hit_with_mtp_equals_transformers(checkpoint, backend):
+    """The head runs over prefill chunks too, but the states left for the prefix cache are the
+    decoder's alone: each chunk asks for its snapshot slots once (asking again took a second
+    slot for the same position, never written), and a second prompt sharing 40 tokens starts
+    from position 32 and still decodes as transformers does."""
+    llm = LLM(str(checkpoint), backend=backend, chunk_size=16, speculative="mtp", num_speculative_tokens=2)
+    cache, asked = llm.parts.cache, []
+    ask = cache.snapshot_slots
+    cache.snapshot_slots = lambda *args: asked.append(args) or ask(*args)
+    shared = list(range(100, 140))
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    llm.generate([shared + [7, 8]], params)
+    assert [args[1:3] for args in asked[:3]] == [(0, 16), (16, 32), (32, 42)]  # the prompt's three chunks, once each
+    second = shared + [9, 10, 11]
+    before = llm.engine.stats.prefill_tokens_total
+    assert llm.generate([second], params)[0].token_ids == hf_greedy(checkpoint, second, 8)
+    assert llm.engine.stats.prefill_tokens_total - before == len(second) - 32
+    usage = cache.usage()
+    assert usage.states_used == usage.state_snapshots > 0
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
 def test_the_head_is_read_only_for_mtp(checkpoint, backend):
     plain, drafting = LLM(str(checkpoint), backend=backend), LLM(str(checkpoint), backend=backend, speculative="mtp")
     assert not plain.parts.model_config.draft_layers and plain.parts.executor.draft_head is None

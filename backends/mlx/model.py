@@ -96,7 +96,7 @@ class DecoderModel:
     def _draft_pass(self, batch: StepBatch, hidden: mx.array, cache: KVCache) -> mx.array:
         """The draft head over batch (each chunk's tokens: the ones after its hidden rows, which
         come in chunk order, as the output rows go)."""
-        step = self._layout(batch, cache)
+        step = self._layout(batch, cache, states=False)  # the head has no linear attention: no slots, no snapshots
         out = self.draft_head(self.embedding.rows(step.token_ids), hidden[step.from_chunk_order], cache, step,
                               self.config, self.attention)
         return out[step.in_chunk_order]
@@ -108,9 +108,11 @@ class DecoderModel:
         rows = hidden if logit_ids is None else self.lm_head(hidden)[:, mx.array(list(logit_ids))]
         return self.to_numpy(rows)
 
-    def _layout(self, batch: StepBatch, cache: KVCache) -> StepLayout:
+    def _layout(self, batch: StepBatch, cache: KVCache, states: bool = True) -> StepLayout:
+        """states: the chunks' recurrent-state slots, snapshots taken for the prefix cache among
+        them (asked once per chunk of the decoder's step: asking takes slots)."""
         sliding = cache if isinstance(cache, SlidingWindow) else None
-        recurrent = cache if isinstance(cache, RecurrentState) else None
+        recurrent = cache if isinstance(cache, RecurrentState) and states else None
         return build_layout(batch, cache.block_size, cache.block_table, sliding, recurrent)
 
     def _residual(self, batch: StepBatch, cache: KVCache) -> tuple[mx.array, StepLayout]:

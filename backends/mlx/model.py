@@ -11,7 +11,7 @@ from qwen_serve.models.built_layer import skipped_expert_bytes
 from qwen_serve.models.config import ModelConfig
 from qwen_serve.models.draft_head import greedy_drafts
 from qwen_serve.models.weights import EMBEDDING, FINAL_NORM, TensorsByName, language_model_head, layer_prefix
-from qwen_serve.protocols import DraftRequest, KVCache, RecurrentState, SlidingWindow, StepBatch
+from qwen_serve.protocols import DraftRequest, KVCache, RecurrentState, ScheduledChunk, SlidingWindow, StepBatch
 
 from .attention import CachedAttention
 from .decoder_layer import LayerWeights, build_layer, run_layer
@@ -89,13 +89,14 @@ class DecoderModel:
     def draft(self, requests: Sequence[DraftRequest], cache: KVCache) -> list[list[int]]:
         """DraftHead: greedy rounds of the head (qwen_serve.models.draft_head) from the last step."""
         batch, hidden = self._last_step
-        return greedy_drafts(requests, batch.chunks, hidden, lambda b, rows: self._draft_pass(b, rows, cache),
+        return greedy_drafts(requests, batch.chunks, hidden, lambda spans, rows: self._draft_pass(spans, rows, cache),
                              lambda x, rows: x[mx.array(rows, dtype=mx.int32)],
                              lambda out: mx.argmax(self.lm_head(out), axis=-1).tolist())
 
-    def _draft_pass(self, batch: StepBatch, hidden: mx.array, cache: KVCache) -> mx.array:
-        """The draft head over batch (each chunk's tokens: the ones after its hidden rows, which
-        come in chunk order, as the output rows go)."""
+    def _draft_pass(self, spans: list, hidden: mx.array, cache: KVCache) -> mx.array:
+        """The draft head over spans (seq_id, tokens, start): each span's tokens follow its hidden
+        rows, which come in span order, as the output rows go."""
+        batch = StepBatch(tuple(ScheduledChunk(seq_id, tokens, start, True) for seq_id, tokens, start in spans))
         step = self._layout(batch, cache, states=False)  # the head has no linear attention: no slots, no snapshots
         out = self.draft_head(self.embedding.rows(step.token_ids), hidden[step.from_chunk_order], cache, step,
                               self.config, self.attention)

@@ -15,7 +15,7 @@ from qwen_serve.models.built_layer import skipped_expert_bytes
 from qwen_serve.models.config import ModelConfig
 from qwen_serve.models.draft_head import greedy_drafts
 from qwen_serve.models.weights import EMBEDDING, FINAL_NORM, TensorsByName, language_model_head, layer_prefix
-from qwen_serve.protocols import DraftRequest, KVCache, StepBatch
+from qwen_serve.protocols import DraftRequest, KVCache, ScheduledChunk, StepBatch
 
 from . import delta_block
 from .attention import CachedAttention
@@ -120,12 +120,13 @@ class DecoderModel:
     def draft(self, requests: Sequence[DraftRequest], cache: KVCache) -> list[list[int]]:
         """DraftHead: greedy rounds of the head (qwen_serve.models.draft_head) from the last step."""
         batch, hidden = self._last_step
-        return greedy_drafts(requests, batch.chunks, hidden, lambda b, rows: self._draft_pass(b, rows, cache),
+        return greedy_drafts(requests, batch.chunks, hidden, lambda spans, rows: self._draft_pass(spans, rows, cache),
                              lambda x, rows: x.index_select(0, torch.as_tensor(rows, dtype=torch.long)),
                              lambda out: self.lm_head(out).argmax(-1).tolist())
 
-    def _draft_pass(self, batch: StepBatch, hidden: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """The draft head over batch (each chunk's tokens: the ones after its hidden rows)."""
+    def _draft_pass(self, spans: list, hidden: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """The draft head over spans (seq_id, tokens, start): each span's tokens follow its hidden rows."""
+        batch = StepBatch(tuple(ScheduledChunk(seq_id, tokens, start, True) for seq_id, tokens, start in spans))
         step = build_layout(batch, cache)
         step.paged = paged_decode_layout(step, cache, self.kernels)
         token_ids = torch.as_tensor([t for c in batch.chunks for t in c.token_ids], dtype=torch.long)

@@ -15,7 +15,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..protocols import DraftRequest, ScheduledChunk, StepBatch
 from .config import ModelConfig
 from .weights import TensorsByName
 
@@ -55,18 +54,21 @@ class DraftHeadWeights:
         return [self.embedding_norm, self.hidden_norm, self.norm]
 
 
-def greedy_drafts(requests: Sequence[DraftRequest], last_chunks: Sequence[ScheduledChunk], hidden: Any,
-                  head_pass: Callable[[StepBatch, Any], Any], take_rows: Callable[[Any, list[int]], Any],
+Span = tuple  # (seq_id, token ids, first position): tokens the head runs on, one sequence's
+
+
+def greedy_drafts(requests: Sequence[Any], last_chunks: Sequence[Any], hidden: Any,
+                  head_pass: Callable[[list[Span], Any], Any], take_rows: Callable[[Any, list[int]], Any],
                   argmax: Callable[[Any], list[int]]) -> list[list[int]]:
-    """DraftHead.draft: the head over each request's kept rows of the last step (hidden: that
-    step's final hidden states, one row per token of last_chunks in their order), then on its own
-    guesses, one position further each round. head_pass(batch, rows) runs the head on a batch
-    whose chunks are the tokens after the given hidden rows, one output row per token in batch
-    order; argmax scores rows with the language-model head."""
+    """DraftHead.draft for DraftRequests: the head over each request's kept rows of the last step
+    (hidden: that step's final hidden states, one row per token of last_chunks, the step's
+    ScheduledChunks, in their order), then on its own guesses, one position further each round.
+    head_pass(spans, rows) runs the head on the spans (as chunks of one step, each sampled), the
+    hidden rows they follow given in span order, one output row per token in that order; argmax
+    scores rows with the language-model head."""
     starts = np.cumsum([0] + [len(c.token_ids) for c in last_chunks])
     rows = [int(row) for r in requests for row in range(starts[r.chunk], starts[r.chunk] + len(r.next_tokens))]
-    chunks = [ScheduledChunk(r.seq_id, r.next_tokens, r.start, True) for r in requests]
-    out = head_pass(StepBatch(tuple(chunks)), take_rows(hidden, rows))
+    out = head_pass([(r.seq_id, r.next_tokens, r.start) for r in requests], take_rows(hidden, rows))
     drafts: list[list[int]] = [[] for _ in requests]
     active = [i for i, r in enumerate(requests) if r.num_draft]
     if not active:
@@ -81,9 +83,8 @@ def greedy_drafts(requests: Sequence[DraftRequest], last_chunks: Sequence[Schedu
         if not going:
             break
         # the guess sits one past the head's last row: the position after the kept rows, plus step
-        chunks = [ScheduledChunk(requests[active[j]].seq_id, (guesses[j],),
-                                 requests[active[j]].start + len(requests[active[j]].next_tokens) + step, True)
-                  for j in going]
-        out = head_pass(StepBatch(tuple(chunks)), take_rows(out, going))
+        spans = [(requests[active[j]].seq_id, (guesses[j],),
+                  requests[active[j]].start + len(requests[active[j]].next_tokens) + step) for j in going]
+        out = head_pass(spans, take_rows(out, going))
         active = [active[j] for j in going]
     return drafts

@@ -10,10 +10,11 @@ from typing import Any, Callable, Iterator
 from ..errors import ModelLoadError
 from .architecture import Architecture
 from .config import ModelConfig
+from .draft_head import PREFIX as DRAFT_PREFIX
 from .layers import Attention, DecoderLayer, DenseMLP, GatedDeltaNet, Mixer
 
 NOT_TEXT = ("model.visual.",)  # the vision tower
-DRAFT_HEAD = "mtp."  # the multi-token-prediction head: read only when a proposer drafts with it
+DRAFT_HEAD = f"{DRAFT_PREFIX}."  # the multi-token-prediction head: read only when a proposer drafts with it
 
 
 def layer_types(cfg: dict[str, Any]) -> list[str]:

@@ -33,6 +33,7 @@ class DecoderModel:
                        for i, description in enumerate(c.layers)]
         self.norm = tensors.take(FINAL_NORM).astype(mx.float32) + c.norm_offset
         self.draft_head = DraftHeadLayers.build(c, tensors, make_linear) if c.draft_layers else None
+        self.mixer_indices = c.mixer_indices()  # each layer's KV layer or state layer
         self._last_step: tuple[StepBatch, mx.array] | None = None  # (batch, final hidden rows) for the head
         # The embedding is a weight of the same shape as the head, built the same way (as int8
         # under quant "int4"): with tied embeddings the lookup and the head read one array.
@@ -98,8 +99,9 @@ class DecoderModel:
         rows, which come in span order, as the output rows go."""
         batch = StepBatch(tuple(ScheduledChunk(seq_id, tokens, start, True) for seq_id, tokens, start in spans))
         step = self._layout(batch, cache, states=False)  # the head has no linear attention: no slots, no snapshots
-        out = self.draft_head(self.embedding.rows(step.token_ids), hidden[step.from_chunk_order], cache, step,
-                              self.config, self.attention)
+        in_row_order = mx.argsort(step.in_chunk_order)  # the inverse permutation
+        out = self.draft_head(self.embedding.rows(step.token_ids), hidden[in_row_order], cache, step, self.config,
+                              self.attention)
         return out[step.in_chunk_order]
 
     def pool(self, batch: StepBatch, cache: KVCache, logit_ids: Sequence[int] | None) -> np.ndarray:
@@ -121,6 +123,6 @@ class DecoderModel:
         step = self._layout(batch, cache)
         hidden = self.embedding.rows(step.token_ids)
         # each mixer addresses its own kind's layers: KV for attention, states for linear attention
-        for index, layer in zip(self.config.mixer_indices(), self.layers):
+        for index, layer in zip(self.mixer_indices, self.layers):
             hidden = run_layer(layer, index, hidden, cache, step, self.config, self.attention)
         return hidden, step

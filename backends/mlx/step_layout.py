@@ -52,7 +52,6 @@ class StepLayout:
     prefills: list[PrefillSpan]
     sample_rows: mx.array  # rows whose logits are wanted, in chunk order
     in_chunk_order: mx.array  # [T] every row, in chunk order (the engine's): rows[in_chunk_order]
-    from_chunk_order: mx.array  # [T] its inverse: rows given in chunk order, taken [from_chunk_order], are in row order
     states: list[ChunkState]  # every chunk's, in row order (empty unless the cache holds states)
 
 
@@ -87,8 +86,7 @@ def build_layout(batch: StepBatch, block_size: int, block_table: Callable[[int],
         end_row[id(chunk)] = row
     # a chunk with drafts wants every draft position's logits too
     sample_rows = [r for c in batch.chunks if c.sample for r in range(end_row[id(c)] - 1 - c.num_draft, end_row[id(c)])]
-    in_chunk_order = np.array([r for c in batch.chunks for r in range(end_row[id(c)] - len(c.token_ids), end_row[id(c)])],
-                              dtype=np.int64)
+    in_chunk_order = [r for c in batch.chunks for r in range(end_row[id(c)] - len(c.token_ids), end_row[id(c)])]
 
     decode_hist = histories[:len(decodes)]
     lengths = np.array([len(h) for h in decode_hist], dtype=np.int64)
@@ -124,7 +122,6 @@ def build_layout(batch: StepBatch, block_size: int, block_table: Callable[[int],
         prefills=spans,
         sample_rows=_index(sample_rows),
         in_chunk_order=_index(in_chunk_order),
-        from_chunk_order=_index(np.argsort(in_chunk_order)),
         states=states,
     )
 

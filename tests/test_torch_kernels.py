@@ -368,7 +368,25 @@ def test_fused_decode_layers_on_a_llama_without_qk_norm(smollm2_path, monkeypatc
     _fused_equals_per_op(smollm2_path, monkeypatch, kv_cache="paged", dtype="float32", quant="int4")
 
 
-def _fused_equals_per_op(path, monkeypatch, **options) -> None:
+@needs_avx512
+@pytest.mark.parametrize("dtype, quant", [("float32", "int4"), ("bfloat16", "none")])
+def test_fused_decode_layers_on_a_gated_deltanet_hybrid(tmp_path_factory, monkeypatch, dtype, quant):
+    """Qwen3.5: Gated DeltaNet layers (their states updated in place) among gated attention
+    layers with a quarter of each head turned; one sequence starts decoding from a one-token
+    prompt (its state starts at zeros inside the op)."""
+    if quant == "none" and "amx_bf16" in cpu_features():
+        pytest.skip("bf16 projections run the blocked kernel only where there is no AMX")
+    from qwen_serve.conformance.models import LinearAttentionGeometry, Qwen3Geometry, make_qwen3_5_checkpoint
+
+    geometry = Qwen3Geometry(num_hidden_layers=4, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=64)  # widths the blocked int4 layout takes
+    linear = LinearAttentionGeometry(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                                     linear_value_head_dim=32, full_attention_interval=2)
+    path = make_qwen3_5_checkpoint(tmp_path_factory.mktemp("qwen3.5-int4-widths"), geometry, linear, seed=3)
+    _fused_equals_per_op(path, monkeypatch, kv_cache="paged", dtype=dtype, quant=quant, one_token_prompt=True)
+
+
+def _fused_equals_per_op(path, monkeypatch, one_token_prompt: bool = False, **options) -> None:
     from qwen_serve import LLM, SamplingParams
     from qwen_serve.backends.torch_cpu.fused_decode import FusedDecode
 
@@ -395,6 +413,8 @@ def _fused_equals_per_op(path, monkeypatch, **options) -> None:
     params = SamplingParams(max_tokens=20, ignore_eos=True, logprobs=5)
     encode = fused_llm.tokenizer.encode
     prompt_sets = ([encode("Hello, world!")], [encode(t) for t in ("The quick brown fox " * 20, "One two", "Lorem ipsum")])
+    if one_token_prompt:
+        prompt_sets += ([encode("Hello")[:1], encode("Lorem ipsum")],)
 
     def run(llm) -> list:
         return [[(o.token_ids, o.logprobs) for o in llm.generate(prompts, params)] for prompts in prompt_sets]
@@ -406,8 +426,8 @@ def _fused_equals_per_op(path, monkeypatch, **options) -> None:
 
 
 def _norms(model) -> list[torch.Tensor]:
-    layers = [t for layer in model.layers
-              for t in (layer.input_norm, layer.post_norm, layer.mixer.q_norm, layer.mixer.k_norm)]
+    mixers = [getattr(layer.mixer, name, None) for layer in model.layers for name in ("q_norm", "k_norm", "out_norm")]
+    layers = [t for layer in model.layers for t in (layer.input_norm, layer.post_norm)] + mixers
     return [t for t in layers if t is not None] + [model.norm]
 
 

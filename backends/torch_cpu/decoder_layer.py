@@ -59,6 +59,7 @@ class AttentionLayer:
         self.o_proj = weights.linear(kind.prefix, "o_proj", "o_proj" in kind.biased)
         self.q_norm = weights.norm(f"{kind.prefix}.q_norm.weight") if kind.qk_norm else None
         self.k_norm = weights.norm(f"{kind.prefix}.k_norm.weight") if kind.qk_norm else None
+        self.output_gate = kind.output_gate  # the gate's columns follow v's in qkv's output
         self.prefix = f"{weights.prefix}.{kind.prefix}"
 
     def linears(self) -> list:
@@ -82,7 +83,7 @@ class AttentionLayer:
         k = ops.head_norm_rope(k.view(T, c.num_kv_heads, c.head_dim), self.k_norm, c.rms_norm_eps, cos, sin)
         out = attention(index, q, k, v.view(T, c.num_kv_heads, c.head_dim), cache, step).reshape(T, -1)
         if gate:
-            out = out * torch.sigmoid(gate[0])
+            out = ops.sigmoid_mul(out, gate[0])
         return self.o_proj(out)
 
 

@@ -1,20 +1,24 @@
 """Every decoder layer of a decode-only step in one kernel call (``decode_layers_`` in
 kernels/ops.cpp), for models whose projections all run the AVX-512 kernels on their blocked
-layouts (int4, or bfloat16 where the CPU has no AMX) over the backend's own paged
-KV storage: decode, where the ~11 calls per layer and the Python
-around them took about a seventh of a Qwen3-0.6B step (py-spy, Zen 4). The op runs the same
-kernels in the same order as the per-op path of model.py, so both give the same bits; any other
-step (a prefill chunk, drafts, a cache read through the Protocols, a watched projection) keeps
-the per-op path.
+layouts (int4, or bfloat16 where the CPU has no AMX) over the backend's own paged KV storage and,
+for Gated DeltaNet layers, its own state storage: decode, where the ~11 calls per layer and the
+Python around them took about a seventh of a Qwen3-0.6B step and more of a Qwen3.5-0.8B one
+(py-spy, Zen 4). The op runs the same kernels in the same order as the per-op path of model.py,
+so both give the same bits; any other step (a prefill chunk, drafts, a cache read through the
+Protocols, a watched projection) keeps the per-op path.
 """
 from __future__ import annotations
 
 import torch
 
 from .decoder_layer import AttentionLayer, DenseMLPLayer
+from .gated_deltanet import GatedDeltaNetLayer
 from .int4_linear import Int4Linear
 from .linear import DenseLinear
 from .native import Kernels
+from .state_storage import TorchStateStorage
+
+ATTENTION, GATED_DELTA = 0, 1  # the op's mixer kinds
 
 
 class FusedDecode:
@@ -25,23 +29,48 @@ class FusedDecode:
         # the int4 layers: their plans (read per step, as the layers read them; a model sets them
         # after this is built) say how many rows the kernels take; the bf16 kernel takes any number
         self.quantized = [lin for lins in self.linears for lin in lins if isinstance(lin, Int4Linear)]
+        self.mixers = [ATTENTION if type(layer.mixer) is AttentionLayer else GATED_DELTA for layer in layers]
+        deltas = [layer.mixer for layer in layers if type(layer.mixer) is GatedDeltaNetLayer]
+        self.key_heads = deltas[0].kind.num_key_heads if deltas else 0
+        attentions = [layer.mixer for layer in layers if type(layer.mixer) is AttentionLayer]
+        self.output_gate = bool(attentions) and attentions[0].output_gate
+        # the decoder's KV and state layers come first in the storages (a draft head's follow)
+        self.attention_layers, self.delta_layers = len(attentions), len(deltas)
         none = torch.empty(0)
         self.weights = []
         for layer in layers:
-            qkv, o, gate_up, down = (_blocks(linear, none) for linear in layer.linears())
-            q_norm, k_norm = (none if t is None else t for t in (layer.mixer.q_norm, layer.mixer.k_norm))
-            self.weights += [layer.input_norm, *qkv, q_norm, k_norm, *o, layer.post_norm, *gate_up, *down]
+            mixer = layer.mixer
+            if type(mixer) is AttentionLayer:
+                q_norm, k_norm = (none if t is None else t for t in (mixer.q_norm, mixer.k_norm))
+                mixed = [*_blocks(mixer.qkv.linear, none), q_norm, k_norm, *_blocks(mixer.o_proj, none)]
+            else:
+                mixed = [*_blocks(mixer.in_proj.linear, none), mixer.gates.blocked, mixer.conv_by_tap,
+                         mixer.decay_rate, mixer.dt_bias, mixer.out_norm, *_blocks(mixer.out_proj, none)]
+            mlp = layer.mlp
+            self.weights += [layer.input_norm, *mixed, layer.post_norm, *_blocks(mlp.gate_up.linear, none),
+                             *_blocks(mlp.down_proj, none)]
+        self.no_states = (none.long(), none.bool())
 
     @classmethod
     def for_layers(cls, layers: list, kernels: Kernels | None) -> "FusedDecode | None":
-        """The fused path when every layer is attention + dense MLP (what the op computes) and every
-        projection a blocked int4 or bf16 layer without bias, else None."""
+        """The fused path when every layer is attention or Gated DeltaNet + a dense MLP (what the
+        op computes), the attention layers alike in their output gate, and every projection a
+        blocked int4 or bf16 layer without bias (a Gated DeltaNet layer's gates: the float32
+        kernel's), else None."""
         if kernels is None or kernels.isa != "avx512":
             return None
-        if not all(type(layer.mixer) is AttentionLayer and type(layer.mlp) is DenseMLPLayer for layer in layers):
+        if not all(type(layer.mixer) in (AttentionLayer, GatedDeltaNetLayer) and type(layer.mlp) is DenseMLPLayer
+                   for layer in layers):
+            return None
+        if len({layer.mixer.output_gate for layer in layers if type(layer.mixer) is AttentionLayer}) > 1:
             return None
         for layer in layers:
-            for linear in layer.linears():
+            projections = layer.mixer.linears()[:2] + layer.mlp.linears()
+            if type(layer.mixer) is GatedDeltaNetLayer:
+                gates = layer.mixer.gates
+                if gates.bias is not None or gates.kernels is not kernels or not gates.blocked_f32:
+                    return None
+            for linear in projections:
                 if linear.bias is not None or linear.kernels is not kernels:
                     return None
                 if not (type(linear) is Int4Linear and linear.blocked or
@@ -49,23 +78,35 @@ class FusedDecode:
                     return None
         return cls(layers, kernels)
 
-    def applies(self, rows: int, step) -> bool:
-        """Whether this step may take the fused path: every row decodes and reads the cache in
-        place, the kernels take this many rows, and no projection is being watched (calibration
-        swaps a layer's attribute for a recorder)."""
+    def applies(self, rows: int, step, cache) -> bool:
+        """Whether this step may take the fused path: every row decodes and reads the cache (and
+        keeps its states) in place, the kernels take this many rows, and no projection is being
+        watched (calibration swaps a layer's attribute for a recorder). With Gated DeltaNet layers
+        every chunk must be one row: a chunk's drafts step its state row by row, keeping the
+        states a rewind may return to (gated_deltanet.py)."""
         return step.paged is not None and not step.prefills and \
+            (GATED_DELTA not in self.mixers or step.states.decoding and
+             type(getattr(cache, "state_storage", None)) is TorchStateStorage) and \
             all(lin.plan.path(rows) == "kernel" for lin in self.quantized) and \
             all(tuple(layer.linears()) == linears for layer, linears in zip(self.layers, self.linears))
 
-    def __call__(self, hidden: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step,
+    def __call__(self, hidden: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step, cache,
                  config, scale: float) -> torch.Tensor:
         """hidden [T, E] (updated in place to the residual before the last MLP), x its first
         RMSNorm -> the last layer's MLP output."""
         paged = step.paged
+        conv_states, states = [], []
+        state_slots, fresh = self.no_states
+        if GATED_DELTA in self.mixers:
+            storage = cache.state_storage
+            conv_states, states = storage.conv_history[:self.delta_layers], storage.recurrent[:self.delta_layers]
+            state_slots, fresh = step.states.slots, step.states.fresh
         return self.kernels.ops.decode_layers_(
-            hidden, x, self.weights, paged.storage.keys, paged.storage.values, cos, sin, step.write_slots,
-            paged.block_tables, paged.lengths, paged.storage.block_size, config.num_heads, config.num_kv_heads,
-            config.rms_norm_eps, scale, self.kernels.vnni, self.kernels.bf16)
+            hidden, x, self.mixers, self.weights, paged.storage.keys[:self.attention_layers],
+            paged.storage.values[:self.attention_layers], conv_states, states,
+            cos, sin, step.write_slots, paged.block_tables, paged.lengths, state_slots, fresh,
+            paged.storage.block_size, config.num_heads, config.num_kv_heads, config.head_dim, self.output_gate,
+            self.key_heads, config.rms_norm_eps, scale, self.kernels.vnni, self.kernels.bf16)
 
 
 def _blocks(linear, none: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

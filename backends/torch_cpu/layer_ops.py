@@ -80,3 +80,11 @@ class LayerOps:
         if self.ops is not None and gate.dim() == 2 and float_rows(gate, up):
             return self.ops.silu_mul(gate, up)
         return F.silu(gate) * up
+
+    def sigmoid_mul(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """x * sigmoid(gate) for x [T, n] and gate [T, n] (a column slice may be): the fused pass
+        writes into x."""
+        if self.ops is not None and x.dim() == 2 and _fusable(x) and float_rows(gate):
+            self.ops.sigmoid_mul_(x, gate)
+            return x
+        return x * torch.sigmoid(gate)

@@ -153,8 +153,8 @@ class DecoderModel:
         cos, sin = self._rope(step.positions)
         ops, eps = self.ops, self.config.rms_norm_eps
         x = ops.rms_norm(hidden, self.layers[0].input_norm, eps)
-        if self.fused is not None and self.fused.applies(len(token_ids), step):
-            mlp = self.fused(hidden, x, cos, sin, step, self.config, self.attention.scale)  # hidden in place
+        if self.fused is not None and self.fused.applies(len(token_ids), step, cache):
+            mlp = self.fused(hidden, x, cos, sin, step, cache, self.config, self.attention.scale)  # hidden in place
         else:
             hidden, mlp = self._layers(hidden, x, cos, sin, cache, step)
         if every_row:

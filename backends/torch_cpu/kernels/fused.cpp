@@ -74,10 +74,14 @@ void head_norm_rope(float* x, int64_t T, int64_t row_stride, int64_t heads, int6
 // gate and up [T, n] at row strides of their own (the halves of a merged gate/up output), y [T, n].
 namespace {
 
-// SiLU(g) * u (u null: SiLU(g)) for 16 floats at a time: sigmoid(g) from e = e^-|g| (never overflows) as 1 / (1 + e)
-// for g >= 0 and e / (1 + e) below. std::exp in the scalar loop stayed scalar under omp simd
-// (glibc's vector expf needs -ffast-math): 384 x 3072 took 4.43 ms against 0.41 ms here (Ice Lake).
-QS_AVX512 void silu_mul_row_avx512(const float* g, const float* u, int64_t from, int64_t to, float* out) {
+// SiLU(g) * u (u null: SiLU(g)), or with Gate::sigmoid sigmoid(g) * u, for 16 floats at a time:
+// sigmoid(g) from e = e^-|g| (never overflows) as 1 / (1 + e) for g >= 0 and e / (1 + e) below.
+// std::exp in the scalar loop stayed scalar under omp simd (glibc's vector expf needs -ffast-math):
+// 384 x 3072 took 4.43 ms against 0.41 ms here (Ice Lake).
+enum class Gate { silu, sigmoid };
+
+template <Gate G>
+QS_AVX512 void gate_row_avx512(const float* g, const float* u, int64_t from, int64_t to, float* out) {
   const __m512 one = _mm512_set1_ps(1.f), sign = _mm512_set1_ps(-0.f);
   for (int64_t i = from; i < to; i += 16) {
     const __mmask16 keep = to - i >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (to - i)) - 1);
@@ -85,17 +89,23 @@ QS_AVX512 void silu_mul_row_avx512(const float* g, const float* u, int64_t from,
     const __m512 e = exp_nonpositive(_mm512_or_ps(gv, sign));  // e^-|g|
     const __mmask16 negative = _mm512_cmp_ps_mask(gv, _mm512_setzero_ps(), _CMP_LT_OQ);
     const __m512 sigmoid = _mm512_div_ps(_mm512_mask_blend_ps(negative, one, e), _mm512_add_ps(one, e));
-    _mm512_mask_storeu_ps(out + i, keep, _mm512_mul_ps(_mm512_mul_ps(gv, sigmoid), uv));
+    const __m512 gated = G == Gate::silu ? _mm512_mul_ps(gv, sigmoid) : sigmoid;
+    _mm512_mask_storeu_ps(out + i, keep, _mm512_mul_ps(gated, uv));
   }
 }
 
-void silu_mul_row_scalar(const float* g, const float* u, int64_t from, int64_t to, float* out) {
-  for (int64_t i = from; i < to; i++) out[i] = g[i] / (1.f + std::exp(-g[i])) * (u ? u[i] : 1.f);
+template <Gate G>
+void gate_row_scalar(const float* g, const float* u, int64_t from, int64_t to, float* out) {
+  for (int64_t i = from; i < to; i++) {
+    const float sigmoid = 1.f / (1.f + std::exp(-g[i]));
+    out[i] = (G == Gate::silu ? g[i] * sigmoid : sigmoid) * (u ? u[i] : 1.f);
+  }
 }
 
 // The same 8 floats at a time (a scalar tail), for AVX2 CPUs: 512 x 3584 took 3.5 ms with the scalar
 // loop on 2 Zen 3 cores.
-QS_AVX2 void silu_mul_row_avx2(const float* g, const float* u, int64_t from, int64_t to, float* out) {
+template <Gate G>
+QS_AVX2 void gate_row_avx2(const float* g, const float* u, int64_t from, int64_t to, float* out) {
   const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f), zero = _mm256_setzero_ps();
   int64_t i = from;
   for (; i + 8 <= to; i += 8) {
@@ -103,34 +113,47 @@ QS_AVX2 void silu_mul_row_avx2(const float* g, const float* u, int64_t from, int
     const __m256 e = exp_nonpositive_avx2(_mm256_or_ps(gv, sign));  // e^-|g|
     const __m256 numerator = _mm256_blendv_ps(one, e, _mm256_cmp_ps(gv, zero, _CMP_LT_OQ));
     const __m256 sigmoid = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid), uv));
+    const __m256 gated = G == Gate::silu ? _mm256_mul_ps(gv, sigmoid) : sigmoid;
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(gated, uv));
   }
-  silu_mul_row_scalar(g, u, i, to, out);
+  gate_row_scalar<G>(g, u, i, to, out);
 }
 
-using SiluRow = void (*)(const float*, const float*, int64_t, int64_t, float*);
+using GateRow = void (*)(const float*, const float*, int64_t, int64_t, float*);
 
-SiluRow silu_row_kernel() {
+template <Gate G>
+GateRow gate_row_kernel() {
   switch (cpu_width()) {
-    case Width::avx512: return silu_mul_row_avx512;
-    case Width::avx2: return silu_mul_row_avx2;
-    default: return silu_mul_row_scalar;
+    case Width::avx512: return gate_row_avx512<G>;
+    case Width::avx2: return gate_row_avx2<G>;
+    default: return gate_row_scalar<G>;
   }
+}
+
+// y [T, n] = gate(g) * u over rows of g and u at strides of their own, split into runs of 2^14
+// elements across threads.
+template <Gate G>
+void gated_rows(const float* g, const float* u, int64_t T, int64_t n, int64_t g_stride, int64_t u_stride, float* y) {
+  const GateRow kernel = gate_row_kernel<G>();
+  at::parallel_for(0, T * n, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t t = b / n; t * n < e; t++) {
+      const int64_t from = std::max(b, t * n) - t * n, to = std::min(e, (t + 1) * n) - t * n;
+      kernel(g + t * g_stride, u + t * u_stride, from, to, y + t * n);
+    }
+  });
 }
 
 }  // namespace
 
 void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, int64_t gate_stride, int64_t up_stride,
               float* y) {
-  const SiluRow kernel = silu_row_kernel();
-  at::parallel_for(0, T * n, 1 << 14, [&](int64_t b, int64_t e) {
-    for (int64_t t = b / n; t * n < e; t++) {
-      const int64_t from = std::max(b, t * n) - t * n, to = std::min(e, (t + 1) * n) - t * n;
-      kernel(gate + t * gate_stride, up + t * up_stride, from, to, y + t * n);
-    }
-  });
+  gated_rows<Gate::silu>(gate, up, T, n, gate_stride, up_stride, y);
 }
 
-void silu_row(float* x, int64_t n) { silu_row_kernel()(x, nullptr, 0, n, x); }
+void sigmoid_mul(float* x, const float* gate, int64_t T, int64_t n, int64_t gate_stride) {
+  gated_rows<Gate::sigmoid>(gate, x, T, n, gate_stride, n, x);
+}
+
+void silu_row(float* x, int64_t n) { gate_row_kernel<Gate::silu>()(x, nullptr, 0, n, x); }
 
 }  // namespace qs

@@ -74,6 +74,7 @@ void head_norm_rope(float* x, int64_t T, int64_t row_stride, int64_t heads, int6
                     float eps, const float* cos, const float* sin);
 void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, int64_t gate_stride, int64_t up_stride,
               float* y);
+void sigmoid_mul(float* x, const float* gate, int64_t T, int64_t n, int64_t gate_stride);  // x [T, n] in place
 void silu_row(float* x, int64_t n);  // in place, one row (no threads)
 
 // One decode step of Gated DeltaNet for B sequences (delta_rule.cpp), float32, the state updated in

@@ -326,6 +326,15 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   return y;
 }
 
+// x [T, n] contiguous, in place: x * sigmoid(gate), gate [T, n] rows at a stride (the gate's
+// columns of a merged projection's output): gated attention's output gate.
+void sigmoid_mul_(at::Tensor x, const at::Tensor& gate) {
+  check_rows(x, "x");
+  check_strided_rows(gate, "gate");
+  TORCH_CHECK(x.dim() == 2 && gate.sizes() == x.sizes(), "x and gate must be [T, n] alike");
+  qs::sigmoid_mul(x.data_ptr<float>(), gate.data_ptr<float>(), x.size(0), x.size(1), gate.stride(0));
+}
+
 // A mixture-of-experts MLP over blocked int4 experts (kernels.h): x [T, H]; chosen int64 and
 // route float32 [T, top_k]; table int64 [E, 6] of the experts' tensor addresses (the caller built
 // it from tensors it checked and keeps alive); inter: each expert's intermediate width.
@@ -352,38 +361,97 @@ at::Tensor q4b_moe_vnni8(const at::Tensor& x, const at::Tensor& chosen, const at
   return out;
 }
 
-// Every decoder layer of a decode-only step in one call, for projections on the blocked int4 or
-// bfloat16 layouts and the backend's own paged KV storage (the configuration of decode).
-// The same kernels in the same order as the per-op path of model.py, so the result is the same
-// to the bit; what goes is the Python and the dispatch around ~11 calls per layer (about a
-// seventh of a single-stream Qwen3-0.6B step, py-spy). weights holds 16 tensors per layer:
-//   input_norm, qkv codes/scale/zero, q_norm, k_norm, o codes/scale/zero, post_norm,
-//   gate_up codes/scale/zero, down codes/scale/zero
-// (q_norm, k_norm: empty tensors for a model without them; a bfloat16 projection's scale and zero
-// are empty too). hidden [T, E] is the residual
-// stream, x = rms_norm(hidden) by the first layer's input norm; on return hidden holds the
-// residual before the last layer's MLP, which is returned (model.py adds it for sampled rows).
-constexpr int64_t PER_LAYER = 16;
+// Gated DeltaNet's per-layer tensors as gated_delta_decode takes them (kernels.h), checked:
+// conv_weight [taps, C], conv_state [S, taps - 1, C], state [S, Hv, dk, dv], decay_rate and
+// dt_bias [Hv], norm_weight [dv], all contiguous float32, C = 2 key_heads dk + Hv dv.
+struct DeltaShape {
+  int64_t slots, key_heads, value_heads, key_dim, value_dim, channels, taps;
+};
 
-at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::TensorList weights, at::TensorList key_caches,
-                          at::TensorList value_caches, const at::Tensor& cos, const at::Tensor& sin,
-                          const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& lengths,
-                          int64_t block_size, int64_t heads, int64_t kv_heads, double eps, double scale, bool vnni,
+DeltaShape check_delta(const at::Tensor& conv_weight, const at::Tensor& conv_state, const at::Tensor& state,
+                       const at::Tensor& decay_rate, const at::Tensor& dt_bias, const at::Tensor& norm_weight,
+                       int64_t key_heads) {
+  check_rows(conv_weight, "conv_weight");
+  check_rows(conv_state, "conv_state");
+  check_rows(state, "state");
+  check_rows(decay_rate, "decay_rate");
+  check_rows(dt_bias, "dt_bias");
+  check_rows(norm_weight, "norm_weight");
+  TORCH_CHECK(state.dim() == 4 && conv_state.dim() == 3 && conv_weight.dim() == 2, "state [S, Hv, dk, dv], "
+              "conv_state [S, taps - 1, C] and conv_weight [taps, C] expected");
+  const int64_t S = state.size(0), Hv = state.size(1), dk = state.size(2), dv = state.size(3);
+  const int64_t C = 2 * key_heads * dk + Hv * dv, taps = conv_weight.size(0);
+  TORCH_CHECK(key_heads > 0 && Hv % key_heads == 0 && dv <= 512, "value heads must share key heads evenly, dv <= 512");
+  TORCH_CHECK(conv_weight.size(1) == C, "conv_weight must have ", C, " channels");
+  TORCH_CHECK(conv_state.size(0) == S && conv_state.size(1) == taps - 1 && conv_state.size(2) == C,
+              "conv_state must be [", S, ", ", taps - 1, ", ", C, "]");
+  TORCH_CHECK(decay_rate.numel() == Hv && dt_bias.numel() == Hv, "decay_rate and dt_bias must have Hv elements");
+  TORCH_CHECK(norm_weight.numel() == dv, "norm_weight must have dv elements");
+  return {S, key_heads, Hv, dk, dv, C, taps};
+}
+
+// B sequences' state slots (int64) and whether each starts at zeros (bool), among S slots.
+void check_state_slots(const at::Tensor& slots, const at::Tensor& fresh, int64_t B, int64_t S) {
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == B &&
+                  fresh.scalar_type() == at::kBool && fresh.is_contiguous() && fresh.numel() == B,
+              "slots must be int64 [B] and fresh bool [B]");
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; b++) TORCH_CHECK(slot[b] >= 0 && slot[b] < S, "slot ", slot[b], " is not one of ", S);
+}
+
+// Every decoder layer of a decode-only step in one call, for projections on the blocked int4 or
+// bfloat16 layouts, the backend's own paged KV storage and (for linear-attention layers) its own
+// state storage: the configuration of decode. The same kernels in the same order as the per-op
+// path of model.py, so the result is the same to the bit; what goes is the Python and the
+// dispatch around ~11 calls per layer (about a seventh of a single-stream Qwen3-0.6B step, and
+// ~15% of a Qwen3.5-0.8B one, py-spy). Layer l holds, in order, in weights:
+//   input_norm, its mixer's tensors (mixers[l]), post_norm, gate_up codes/scale/zero, down codes/scale/zero
+// where a mixer is
+//   ATTENTION: qkv codes/scale/zero (q, k, v, then with output_gate the gate's columns), q_norm, k_norm,
+//     o codes/scale/zero; the i-th attention layer reads and writes key_caches[i], value_caches[i]
+//   GATED_DELTA: in_proj codes/scale/zero (the mixed channels, then z), gates (float32 blocked
+//     [blocks, E, 16]: a, then b), conv_by_tap, decay_rate, dt_bias, out_norm, out_proj codes/scale/zero;
+//     the i-th such layer updates conv_states[i], states[i] at rows state_slots
+// (q_norm, k_norm: empty tensors for a model without them; a bfloat16 projection's scale and zero
+// are empty too). cos and sin [T, R] turn each head's first R of head_dim dimensions. hidden [T, E]
+// is the residual stream, x = rms_norm(hidden) by the first layer's input norm; on return hidden
+// holds the residual before the last layer's MLP, which is returned (model.py adds it for sampled rows).
+constexpr int64_t ATTENTION = 0, GATED_DELTA = 1;
+constexpr int64_t MIXER_TENSORS[] = {8, 11};
+constexpr int64_t MLP_TENSORS = 7;
+
+at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayRef mixers, at::TensorList weights,
+                          at::TensorList key_caches, at::TensorList value_caches, at::TensorList conv_states,
+                          at::TensorList states, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
+                          const at::Tensor& block_tables, const at::Tensor& lengths, const at::Tensor& state_slots,
+                          const at::Tensor& fresh, int64_t block_size, int64_t heads, int64_t kv_heads,
+                          int64_t head_dim, bool output_gate, int64_t key_heads, double eps, double scale, bool vnni,
                           bool dot_bf16) {
   require("avx512f", __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"));
-  const int64_t L = static_cast<int64_t>(key_caches.size());
-  TORCH_CHECK(L > 0 && static_cast<int64_t>(weights.size()) == L * PER_LAYER && value_caches.size() == key_caches.size(),
-              "weights must hold ", PER_LAYER, " tensors per layer, one key and value cache per layer");
+  const int64_t L = static_cast<int64_t>(mixers.size());
+  int64_t attention_layers = 0, delta_layers = 0, expected = 0;
+  for (const int64_t kind : mixers) {
+    TORCH_CHECK(kind == ATTENTION || kind == GATED_DELTA, "mixer kind ", kind, " is not 0 (attention) or 1 (Gated DeltaNet)");
+    (kind == ATTENTION ? attention_layers : delta_layers)++;
+    expected += 1 + MIXER_TENSORS[kind] + MLP_TENSORS;
+  }
+  TORCH_CHECK(L > 0 && static_cast<int64_t>(weights.size()) == expected, "weights must hold ", expected,
+              " tensors for these mixers");
+  TORCH_CHECK(static_cast<int64_t>(key_caches.size()) == attention_layers && value_caches.size() == key_caches.size(),
+              "one key and value cache per attention layer");
+  TORCH_CHECK(static_cast<int64_t>(states.size()) == delta_layers && conv_states.size() == states.size(),
+              "one convolution and recurrent state per Gated DeltaNet layer");
   check_rows(hidden, "hidden");
   check_rows(x0, "x");
   TORCH_CHECK(hidden.dim() == 2 && x0.sizes() == hidden.sizes(), "hidden and x must be [T, E] alike");
-  const int64_t T = hidden.size(0), E = hidden.size(1);
+  const int64_t T = hidden.size(0), E = hidden.size(1), D = head_dim;
   check_rows(cos, "cos");
   check_rows(sin, "sin");
-  const int64_t D = cos.size(-1);
-  TORCH_CHECK(cos.numel() == T * D && sin.numel() == T * D && D % 16 == 0, "cos and sin must be [T, D], D a multiple of 16");
+  const int64_t R = cos.size(-1);
+  TORCH_CHECK(cos.numel() == T * R && sin.sizes() == cos.sizes() && R % 2 == 0 && R <= D && D % 16 == 0,
+              "cos and sin must be [T, R], R even and at most head_dim, a multiple of 16");
   TORCH_CHECK(heads % kv_heads == 0, "heads must be a multiple of kv heads");
-  const int64_t n_q = heads * D, n_kv = kv_heads * D, n_qkv = n_q + 2 * n_kv;
+  const int64_t n_q = heads * D, n_kv = kv_heads * D, n_qkv = n_q + 2 * n_kv + (output_gate ? n_q : 0);
   // The input width of a projection (int4 or bfloat16 blocks) of N outputs, checked.
   auto input_width = [&](const at::Tensor* w, int64_t N) {
     if (w[0].scalar_type() == at::kBFloat16) {
@@ -393,60 +461,107 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::TensorLis
     require_q4b(vnni);
     return check_q4b_weight(w[0], w[1], w[2], N);
   };
-  const int64_t inter = input_width(weights.data() + 13, E);  // the first down projection's
+  DeltaShape delta{};
+  int64_t inter = -1, offset = 0, delta_index = 0;
   for (int64_t l = 0; l < L; l++) {
-    const at::Tensor* w = weights.data() + l * PER_LAYER;
+    const at::Tensor* w = weights.data() + offset;  // input_norm, then the mixer's
+    const at::Tensor* m = w + 1 + MIXER_TENSORS[mixers[l]];  // post_norm, gate_up, down
     check_weight(w[0], E);
-    TORCH_CHECK(input_width(w + 1, n_qkv) == E, "layer ", l, ": q/k/v weights do not fit");
-    TORCH_CHECK(w[4].numel() == 0 || w[4].numel() == D, "layer ", l, ": q_norm must be [D] or empty");
-    TORCH_CHECK(w[5].numel() == w[4].numel(), "layer ", l, ": k_norm must be as q_norm");
-    if (w[4].numel()) check_weight(w[4], D), check_weight(w[5], D);
-    TORCH_CHECK(input_width(w + 6, E) == n_q, "layer ", l, ": o_proj does not fit");
-    check_weight(w[9], E);
-    TORCH_CHECK(input_width(w + 10, 2 * inter) == E, "layer ", l, ": gate/up do not fit");
-    TORCH_CHECK(input_width(w + 13, E) == inter, "layer ", l, ": down_proj does not fit");
-    TORCH_CHECK(check_caches(key_caches[l], value_caches[l]) == check_caches(key_caches[0], value_caches[0]) &&
-                    key_caches[l].sizes() == key_caches[0].sizes() && key_caches[l].size(1) == kv_heads &&
-                    key_caches[l].size(2) == D,
-                "layer ", l, ": caches must be [slots, kv heads, D] like the first layer's");
+    if (mixers[l] == ATTENTION) {
+      TORCH_CHECK(input_width(w + 1, n_qkv) == E, "layer ", l, ": q/k/v weights do not fit");
+      TORCH_CHECK(w[4].numel() == 0 || w[4].numel() == D, "layer ", l, ": q_norm must be [D] or empty");
+      TORCH_CHECK(w[5].numel() == w[4].numel(), "layer ", l, ": k_norm must be as q_norm");
+      if (w[4].numel()) check_weight(w[4], D), check_weight(w[5], D);
+      TORCH_CHECK(input_width(w + 6, E) == n_q, "layer ", l, ": o_proj does not fit");
+    } else {
+      const int64_t i = delta_index++;
+      const DeltaShape shape = check_delta(w[5], conv_states[i], states[i], w[6], w[7], w[8], key_heads);
+      TORCH_CHECK(i == 0 || (shape.slots == delta.slots && shape.value_heads == delta.value_heads &&
+                             shape.key_dim == delta.key_dim && shape.value_dim == delta.value_dim &&
+                             shape.taps == delta.taps),
+                  "layer ", l, ": every Gated DeltaNet layer must have the first one's geometry");
+      delta = shape;
+      const int64_t value_width = delta.value_heads * delta.value_dim;
+      TORCH_CHECK(input_width(w + 1, delta.channels + value_width) == E, "layer ", l, ": in_proj does not fit");
+      TORCH_CHECK(w[4].dim() == 3 && w[4].scalar_type() == at::kFloat && w[4].is_contiguous() && w[4].size(1) == E &&
+                      w[4].size(2) == 16 && w[4].size(0) == (2 * delta.value_heads + 15) / 16,
+                  "layer ", l, ": the gates must be float32 blocked [blocks, E, 16] of 2 Hv rows");
+      TORCH_CHECK(input_width(w + 9, E) == value_width, "layer ", l, ": out_proj does not fit");
+    }
+    check_weight(m[0], E);
+    if (inter < 0) inter = input_width(m + 4, E);  // the first down projection's
+    TORCH_CHECK(input_width(m + 1, 2 * inter) == E, "layer ", l, ": gate/up do not fit");
+    TORCH_CHECK(input_width(m + 4, E) == inter, "layer ", l, ": down_proj does not fit");
+    offset += 1 + MIXER_TENSORS[mixers[l]] + MLP_TENSORS;
   }
-  const bool bf16 = check_caches(key_caches[0], value_caches[0]);
-  check_slots(slots, T, key_caches[0].size(0));
-  check_block_tables(block_tables, lengths, T, block_size, key_caches[0].size(0));
+  for (int64_t i = 0; i < attention_layers; i++)
+    TORCH_CHECK(check_caches(key_caches[i], value_caches[i]) == check_caches(key_caches[0], value_caches[0]) &&
+                    key_caches[i].sizes() == key_caches[0].sizes() && key_caches[i].size(1) == kv_heads &&
+                    key_caches[i].size(2) == D,
+                "attention layer ", i, ": caches must be [slots, kv heads, D] like the first layer's");
+  const bool bf16 = attention_layers > 0 && check_caches(key_caches[0], value_caches[0]);
+  if (attention_layers > 0) {
+    check_slots(slots, T, key_caches[0].size(0));
+    check_block_tables(block_tables, lengths, T, block_size, key_caches[0].size(0));
+  }
+  if (delta_layers > 0) check_state_slots(state_slots, fresh, T, delta.slots);
 
+  const int64_t value_width = delta.value_heads * delta.value_dim;
+  const int64_t in_width = std::max(attention_layers ? n_qkv : 0, delta_layers ? delta.channels + value_width : 0);
   const auto options = hidden.options();
-  at::Tensor x = x0.clone(), qkv = at::empty({T, n_qkv}, options), attn = at::empty({T, n_q}, options);
-  at::Tensor o = at::empty({T, E}, options), gate_up = at::empty({T, 2 * inter}, options);
-  at::Tensor act = at::empty({T, inter}, options), mlp = at::empty({T, E}, options);
-  float *h = hidden.data_ptr<float>(), *xp = x.data_ptr<float>(), *qkvp = qkv.data_ptr<float>();
+  at::Tensor x = x0.clone(), in = at::empty({T, in_width}, options);
+  at::Tensor mixed_out = at::empty({T, std::max(attention_layers ? n_q : 0, value_width)}, options);
+  at::Tensor gates = at::empty({T, 2 * delta.value_heads}, options), o = at::empty({T, E}, options);
+  at::Tensor gate_up = at::empty({T, 2 * inter}, options), act = at::empty({T, inter}, options);
+  at::Tensor mlp = at::empty({T, E}, options);
+  float *h = hidden.data_ptr<float>(), *xp = x.data_ptr<float>(), *inp = in.data_ptr<float>();
+  float *outp = mixed_out.data_ptr<float>(), *op = o.data_ptr<float>();
   const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
   const float f_eps = static_cast<float>(eps);
-  auto project = [&](const at::Tensor* w, const float* in, int64_t K, int64_t N, float* out) {
+  auto project = [&](const at::Tensor* w, const float* input, int64_t K, int64_t N, float* out) {
     if (w[0].scalar_type() == at::kBFloat16)
-      qs::bf16b_matmul_avx512(in, T, K, half_bits(w[0]), N, out, dot_bf16);
+      qs::bf16b_matmul_avx512(input, T, K, half_bits(w[0]), N, out, dot_bf16);
     else
-      qs::q4b_matmul_avx512(in, T, K, w[0].data_ptr<uint8_t>(), half_bits(w[1]), half_bits(w[2]), N, out, vnni);
+      qs::q4b_matmul_avx512(input, T, K, w[0].data_ptr<uint8_t>(), half_bits(w[1]), half_bits(w[2]), N, out, vnni);
   };
+  int64_t attention_index = 0;
+  offset = delta_index = 0;
   for (int64_t l = 0; l < L; l++) {
-    const at::Tensor* w = weights.data() + l * PER_LAYER;
-    const float* q_norm = w[4].numel() ? w[4].data_ptr<float>() : nullptr;
-    const float* k_norm = w[5].numel() ? w[5].data_ptr<float>() : nullptr;
-    project(w + 1, xp, E, n_qkv, qkvp);
-    qs::head_norm_rope(qkvp, T, n_qkv, heads, D, D, q_norm, f_eps, cp, sp);
-    qs::head_norm_rope(qkvp + n_q, T, n_qkv, kv_heads, D, D, k_norm, f_eps, cp, sp);
-    qs::kv_write(qkvp + n_q, qkvp + n_q + n_kv, T, n_qkv, n_qkv, n_kv, slots.data_ptr<int64_t>(),
-                 key_caches[l].data_ptr(), value_caches[l].data_ptr(), bf16);
-    qs::paged_decode_avx512(qkvp, n_qkv, T, heads, D, key_caches[l].data_ptr(), value_caches[l].data_ptr(), bf16,
-                            kv_heads, block_tables.data_ptr<int64_t>(), block_tables.size(1),
-                            lengths.data_ptr<int64_t>(), block_size, static_cast<float>(scale), attn.data_ptr<float>());
-    project(w + 6, attn.data_ptr<float>(), n_q, E, o.data_ptr<float>());
-    qs::add_rms_norm(h, o.data_ptr<float>(), T, E, w[9].data_ptr<float>(), f_eps, xp);
-    project(w + 10, xp, E, 2 * inter, gate_up.data_ptr<float>());
+    const at::Tensor* w = weights.data() + offset + 1;  // the mixer's
+    const at::Tensor* m = w + MIXER_TENSORS[mixers[l]];  // post_norm, gate_up, down
+    if (mixers[l] == ATTENTION) {
+      const int64_t i = attention_index++;
+      const float* q_norm = w[3].numel() ? w[3].data_ptr<float>() : nullptr;
+      const float* k_norm = w[4].numel() ? w[4].data_ptr<float>() : nullptr;
+      project(w, xp, E, n_qkv, inp);
+      qs::head_norm_rope(inp, T, n_qkv, heads, D, R, q_norm, f_eps, cp, sp);
+      qs::head_norm_rope(inp + n_q, T, n_qkv, kv_heads, D, R, k_norm, f_eps, cp, sp);
+      qs::kv_write(inp + n_q, inp + n_q + n_kv, T, n_qkv, n_qkv, n_kv, slots.data_ptr<int64_t>(),
+                   key_caches[i].data_ptr(), value_caches[i].data_ptr(), bf16);
+      qs::paged_decode_avx512(inp, n_qkv, T, heads, D, key_caches[i].data_ptr(), value_caches[i].data_ptr(), bf16,
+                              kv_heads, block_tables.data_ptr<int64_t>(), block_tables.size(1),
+                              lengths.data_ptr<int64_t>(), block_size, static_cast<float>(scale), outp);
+      if (output_gate) qs::sigmoid_mul(outp, inp + n_q + 2 * n_kv, T, n_q, n_qkv);
+      project(w + 5, outp, n_q, E, op);
+    } else {
+      const int64_t i = delta_index++, in_stride = delta.channels + value_width;
+      project(w, xp, E, in_stride, inp);
+      qs::f32b_matmul_avx512(xp, T, E, w[3].data_ptr<float>(), 2 * delta.value_heads, gates.data_ptr<float>());
+      qs::gated_delta_decode(inp, in_stride, inp + delta.channels, in_stride, T, key_heads, delta.value_heads,
+                             delta.key_dim, delta.value_dim, w[4].data_ptr<float>(), delta.taps,
+                             conv_states[i].data_ptr<float>(), states[i].data_ptr<float>(),
+                             state_slots.data_ptr<int64_t>(), fresh.data_ptr<bool>(), gates.data_ptr<float>(),
+                             2 * delta.value_heads, w[5].data_ptr<float>(), w[6].data_ptr<float>(),
+                             w[7].data_ptr<float>(), f_eps, outp);
+      project(w + 8, outp, value_width, E, op);
+    }
+    qs::add_rms_norm(h, op, T, E, m[0].data_ptr<float>(), f_eps, xp);
+    project(m + 1, xp, E, 2 * inter, gate_up.data_ptr<float>());
     qs::silu_mul(gate_up.data_ptr<float>(), gate_up.data_ptr<float>() + inter, T, inter, 2 * inter, 2 * inter,
                  act.data_ptr<float>());
-    project(w + 13, act.data_ptr<float>(), inter, E, mlp.data_ptr<float>());
-    if (l + 1 < L)
-      qs::add_rms_norm(h, mlp.data_ptr<float>(), T, E, weights[(l + 1) * PER_LAYER].data_ptr<float>(), f_eps, xp);
+    project(m + 4, act.data_ptr<float>(), inter, E, mlp.data_ptr<float>());
+    offset += 1 + MIXER_TENSORS[mixers[l]] + MLP_TENSORS;
+    if (l + 1 < L) qs::add_rms_norm(h, mlp.data_ptr<float>(), T, E, weights[offset].data_ptr<float>(), f_eps, xp);
   }
   return mlp;
 }
@@ -474,31 +589,15 @@ at::Tensor gated_delta_decode_(const at::Tensor& mixed, const at::Tensor& z, con
                                double eps) {
   check_strided_rows(mixed, "mixed");
   check_strided_rows(z, "z");
-  check_rows(conv_weight, "conv_weight");
-  check_rows(conv_state, "conv_state");
-  check_rows(state, "state");
   check_strided_rows(gates, "gates");
-  check_rows(decay_rate, "decay_rate");
-  check_rows(dt_bias, "dt_bias");
-  check_rows(norm_weight, "norm_weight");
-  TORCH_CHECK(state.dim() == 4 && conv_state.dim() == 3 && conv_weight.dim() == 2, "state [S, Hv, dk, dv], "
-              "conv_state [S, taps - 1, C] and conv_weight [taps, C] expected");
-  const int64_t B = mixed.size(0), S = state.size(0), Hv = state.size(1), dk = state.size(2), dv = state.size(3);
-  const int64_t C = 2 * key_heads * dk + Hv * dv, taps = conv_weight.size(0);
-  TORCH_CHECK(key_heads > 0 && Hv % key_heads == 0 && dv <= 512, "value heads must share key heads evenly, dv <= 512");
-  TORCH_CHECK(mixed.dim() == 2 && mixed.size(1) == C && conv_weight.size(1) == C, "mixed and conv_weight must have ",
-              C, " channels");
-  TORCH_CHECK(conv_state.size(0) == S && conv_state.size(1) == taps - 1 && conv_state.size(2) == C,
-              "conv_state must be [", S, ", ", taps - 1, ", ", C, "]");
+  const DeltaShape shape = check_delta(conv_weight, conv_state, state, decay_rate, dt_bias, norm_weight, key_heads);
+  const int64_t B = mixed.size(0), Hv = shape.value_heads, dk = shape.key_dim, dv = shape.value_dim;
+  const int64_t C = shape.channels, taps = shape.taps;
+  TORCH_CHECK(mixed.dim() == 2 && mixed.size(1) == C, "mixed must have ", C, " channels");
   TORCH_CHECK(z.dim() == 2 && z.size(0) == B && z.size(1) == Hv * dv, "z must be [B, Hv * dv]");
   TORCH_CHECK(gates.dim() == 2 && gates.size(0) == B && gates.size(1) == 2 * Hv, "gates must be [B, 2 Hv]");
-  TORCH_CHECK(decay_rate.numel() == Hv && dt_bias.numel() == Hv, "decay_rate and dt_bias must have Hv elements");
-  TORCH_CHECK(norm_weight.numel() == dv, "norm_weight must have dv elements");
-  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == B &&
-                  fresh.scalar_type() == at::kBool && fresh.is_contiguous() && fresh.numel() == B,
-              "slots must be int64 [B] and fresh bool [B]");
+  check_state_slots(slots, fresh, B, shape.slots);
   const int64_t* slot = slots.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; b++) TORCH_CHECK(slot[b] >= 0 && slot[b] < S, "slot ", slot[b], " is not one of ", S);
   at::Tensor out = at::empty({B, Hv * dv}, mixed.options());
   qs::gated_delta_decode(mixed.data_ptr<float>(), mixed.stride(0), z.data_ptr<float>(), z.stride(0), B, key_heads, Hv,
                          dk, dv, conv_weight.data_ptr<float>(), taps, conv_state.data_ptr<float>(),
@@ -562,6 +661,7 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("add_rms_norm_(Tensor(a!) hidden, Tensor delta, Tensor weight, float eps) -> Tensor", &add_rms_norm_);
   m.def("head_norm_rope_(Tensor(a!) x, Tensor? weight, float eps, Tensor cos, Tensor sin) -> ()", &head_norm_rope_);
   m.def("silu_mul", &silu_mul);
+  m.def("sigmoid_mul_(Tensor(a!) x, Tensor gate) -> ()", &sigmoid_mul_);
   m.def("q4b_moe_vnni8", &q4b_moe_vnni8);
   m.def("gated_delta_decode_(Tensor mixed, Tensor z, Tensor conv_weight, Tensor(a!) conv_state, Tensor(b!) state, "
         "Tensor slots, Tensor fresh, Tensor gates, Tensor decay_rate, Tensor dt_bias, Tensor norm_weight, "
@@ -570,7 +670,9 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("gated_delta_conv_(Tensor mixed, Tensor conv_weight, Tensor(a!) history, int key_heads, int key_dim) "
         "-> Tensor", &gated_delta_conv_);
   m.def("gated_delta_gate_(Tensor(a!) out, Tensor z, Tensor norm_weight, float eps) -> ()", &gated_delta_gate_);
-  m.def("decode_layers_(Tensor(a!) hidden, Tensor x, Tensor[] weights, Tensor(b!)[] key_caches, "
-        "Tensor(c!)[] value_caches, Tensor cos, Tensor sin, Tensor slots, Tensor block_tables, Tensor lengths, "
-        "int block_size, int heads, int kv_heads, float eps, float scale, bool vnni, bool dot_bf16) -> Tensor", &decode_layers_);
+  m.def("decode_layers_(Tensor(a!) hidden, Tensor x, int[] mixers, Tensor[] weights, Tensor(b!)[] key_caches, "
+        "Tensor(c!)[] value_caches, Tensor(d!)[] conv_states, Tensor(e!)[] states, Tensor cos, Tensor sin, "
+        "Tensor slots, Tensor block_tables, Tensor lengths, Tensor state_slots, Tensor fresh, int block_size, "
+        "int heads, int kv_heads, int head_dim, bool output_gate, int key_heads, float eps, float scale, bool vnni, "
+        "bool dot_bf16) -> Tensor", &decode_layers_);
 }

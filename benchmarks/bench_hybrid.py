@@ -16,6 +16,7 @@ prompt (the second should hit the prefix cache). Not run by CI.
 --turns N measures only one stream's decode, the servers started one at a time in N turns (who
 goes first alternates): this machine's memory has been seen to change speed for minutes at a time
 (the same decode step 31 or 43 ms), and one server's whole run after the other's can straddle it.
+With --prompt-tokens 4096 the turns measure decode after that long a prompt (64 tokens, once a turn).
 """
 from __future__ import annotations
 
@@ -126,15 +127,18 @@ def measure(name: str, peers: Peers, model: Path, ggufs: dict[str, Path], tokeni
 
 
 def one_stream_turns(names: list[str], turns: int, peers: Peers, model: Path, ggufs: dict[str, Path],
-                     tokenizer: Path, folder: Path) -> str:
-    """One stream's decode (tok/s between tokens: 1 / time per output token) of each server, a
+                     tokenizer: Path, folder: Path, prompt_tokens: int = 64) -> str:
+    """One stream's decode (tok/s between tokens: 1 / time per output token) after a prompt of
+    prompt_tokens (64: the decode stage's; longer: the long-context stages') of each server, a
     fresh start per turn, in turns; a table of every turn and each turn's ratio to the last name."""
+    stage = DECODE[0] if prompt_tokens == 64 else \
+        next(args for args in STAGES if args[:2] == ["--prompt-tokens", str(prompt_tokens)])
     rates: dict[str, list[float]] = {name: [] for name in names}
     for turn in range(turns):
         for name in names if turn % 2 == 0 else names[::-1]:
             with RunningServer(server_command(name, peers, model, ggufs, 1)) as server:
                 path = bench_running(server, folder / "raw", f"{name}.turn{turn}",
-                                     [*COMMON, "--tokenizer", str(tokenizer), *DECODE[0]])
+                                     [*COMMON, "--tokenizer", str(tokenizer), *stage])
             result = json.loads(path.read_text())["endpoints"][0]["results"][0]
             rates[name].append(result["decode_tok_s_per_stream"])
     last = names[-1]
@@ -145,8 +149,9 @@ def one_stream_turns(names: list[str], turns: int, peers: Peers, model: Path, gg
     for name in names[:-1]:
         ratios = [a / b for a, b in zip(rates[name], rates[last])]
         lines.append(f"| {name} / {last} | " + " | ".join(f"{r:.2f}x" for r in ratios) + f" | {median(ratios):.2f}x |")
-    return "1-stream decode, tok/s between tokens (64-token prompt, 128 tokens, 3 repetitions a turn)\n\n" + \
-        "\n".join(lines)
+    output, repetitions = (stage[stage.index(flag) + 1] for flag in ("--output-tokens", "--repetitions"))
+    return (f"1-stream decode, tok/s between tokens ({prompt_tokens}-token prompt, {output} tokens, "
+            f"{repetitions} repetition{'s' if repetitions != '1' else ''} a turn)\n\n") + "\n".join(lines)
 
 
 def _num(value, digits: int = 1) -> str:
@@ -179,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", choices=SIZES, default="0.8b", help="the geometry (default 0.8b)")
     parser.add_argument("--out", type=Path, default=None, help="folder (default results/DATE-hybrid-SIZE)")
     parser.add_argument("--turns", type=int, default=0, help="only one stream's decode, in this many turns")
+    parser.add_argument("--prompt-tokens", type=int, choices=(64, 4096, 16384), default=64,
+                        help="with --turns: decode after a prompt this long (default 64)")
     args = parser.parse_args(argv)
     peers = Peers(args.peers.expanduser().resolve())
     folder = args.out or dated_folder(f"hybrid-{args.size}" + ("-turns" if args.turns else ""))
@@ -194,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         write_ggufs(peers, model, ggufs["llama-bf16"], ggufs["llama-q4_0"], ("--no-mtp",))
     if args.turns:
         report = header + "\n\n" + one_stream_turns(names, args.turns, peers, model, ggufs, model / "tokenizer.json",
-                                                     folder)
+                                                     folder, args.prompt_tokens)
         (folder / "turns.md").write_text(report + "\n")
         print(report)
         return 0

@@ -460,6 +460,10 @@ def test_fused_layer_steps_match_their_torch_form(rows):
         gate_up = torch.randn(rows, 2 * width) * 4  # the halves of a merged gate/up output
         gate, up = gate_up[:, :width], gate_up[:, width:]
         torch.testing.assert_close(fused.ops.silu_mul(gate, up), F.silu(gate) * up)  # the kernel itself
+        attended = torch.randn(rows, width)  # gated attention: its output times sigmoid(the gate's columns)
+        torch.testing.assert_close(fused.sigmoid_mul(attended.clone(), gate), attended * torch.sigmoid(gate))
+    with pytest.raises(RuntimeError, match="alike"):
+        fused.ops.sigmoid_mul_(torch.randn(rows, 8), torch.randn(rows, 9))
     overlapping = torch.randn(1, 4, 32).expand(max(rows, 2), 4, 32)  # rows sharing memory: refused
     cos, sin = torch.ones(len(overlapping), 32), torch.zeros(len(overlapping), 32)
     with pytest.raises(RuntimeError, match="overlap"):

@@ -30,9 +30,9 @@ class FusedDecode:
         # after this is built) say how many rows the kernels take; the bf16 kernel takes any number
         self.quantized = [lin for lins in self.linears for lin in lins if isinstance(lin, Int4Linear)]
         self.mixers = [ATTENTION if type(layer.mixer) is AttentionLayer else GATED_DELTA for layer in layers]
-        deltas = [layer.mixer for layer in layers if type(layer.mixer) is GatedDeltaNetLayer]
+        attentions = [layer.mixer for layer, kind in zip(layers, self.mixers) if kind == ATTENTION]
+        deltas = [layer.mixer for layer, kind in zip(layers, self.mixers) if kind == GATED_DELTA]
         self.key_heads = deltas[0].kind.num_key_heads if deltas else 0
-        attentions = [layer.mixer for layer in layers if type(layer.mixer) is AttentionLayer]
         self.output_gate = bool(attentions) and attentions[0].output_gate
         # the decoder's KV and state layers come first in the storages (a draft head's follow)
         self.attention_layers, self.delta_layers = len(attentions), len(deltas)
@@ -85,7 +85,7 @@ class FusedDecode:
         every chunk must be one row: a chunk's drafts step its state row by row, keeping the
         states a rewind may return to (gated_deltanet.py)."""
         return step.paged is not None and not step.prefills and \
-            (GATED_DELTA not in self.mixers or step.states.decoding and
+            (not self.delta_layers or step.states.decoding and
              type(getattr(cache, "state_storage", None)) is TorchStateStorage) and \
             all(lin.plan.path(rows) == "kernel" for lin in self.quantized) and \
             all(tuple(layer.linears()) == linears for layer, linears in zip(self.layers, self.linears))
@@ -97,7 +97,7 @@ class FusedDecode:
         paged = step.paged
         conv_states, states = [], []
         state_slots, fresh = self.no_states
-        if GATED_DELTA in self.mixers:
+        if self.delta_layers:
             storage = cache.state_storage
             conv_states, states = storage.conv_history[:self.delta_layers], storage.recurrent[:self.delta_layers]
             state_slots, fresh = step.states.slots, step.states.fresh

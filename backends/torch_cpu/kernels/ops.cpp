@@ -141,13 +141,17 @@ at::Tensor bf16b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, int
 
 // float32 weights [blocks, K, 16] (f32_avx512.cpp, f32_avx2.cpp).
 // W: float (float32 weights) or uint16_t (their bfloat16 bits).
+// w [blocks, K, 16] of N rows in dtype, checked -> K.
+int64_t check_column_blocks(const at::Tensor& w, int64_t N, at::ScalarType dtype) {
+  TORCH_CHECK(w.dim() == 3 && w.size(2) == 16 && w.is_contiguous() && w.scalar_type() == dtype &&
+                  w.size(0) == (N + 15) / 16, "w must be the contiguous blocked ", dtype, " layout");
+  return w.size(1);
+}
+
 template <typename W>
 at::Tensor f32b_matmul(const at::Tensor& x, const at::Tensor& w, int64_t N,
                        void (*kernel)(const float*, int64_t, int64_t, const W*, int64_t, float*)) {
-  const auto dtype = std::is_same_v<W, float> ? at::kFloat : at::kBFloat16;
-  TORCH_CHECK(w.dim() == 3 && w.size(2) == 16 && w.is_contiguous() && w.scalar_type() == dtype &&
-                  w.size(0) == (N + 15) / 16, "w must be the contiguous blocked ", dtype, " layout");
-  const int64_t K = w.size(1);
+  const int64_t K = check_column_blocks(w, N, std::is_same_v<W, float> ? at::kFloat : at::kBFloat16);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == K,
               "x must be contiguous float32 [M, K]");
   at::Tensor y = at::empty({x.size(0), N}, x.options());
@@ -483,9 +487,8 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayR
       delta = shape;
       const int64_t value_width = delta.value_heads * delta.value_dim;
       TORCH_CHECK(input_width(w + 1, delta.channels + value_width) == E, "layer ", l, ": in_proj does not fit");
-      TORCH_CHECK(w[4].dim() == 3 && w[4].scalar_type() == at::kFloat && w[4].is_contiguous() && w[4].size(1) == E &&
-                      w[4].size(2) == 16 && w[4].size(0) == (2 * delta.value_heads + 15) / 16,
-                  "layer ", l, ": the gates must be float32 blocked [blocks, E, 16] of 2 Hv rows");
+      TORCH_CHECK(check_column_blocks(w[4], 2 * delta.value_heads, at::kFloat) == E, "layer ", l,
+                  ": the gates must be float32 blocked [blocks, E, 16] of 2 Hv rows");
       TORCH_CHECK(input_width(w + 9, E) == value_width, "layer ", l, ": out_proj does not fit");
     }
     check_weight(m[0], E);

@@ -22,11 +22,10 @@ namespace qs {
 namespace {
 
 struct Activations8 {
-  std::vector<int8_t> q;  // [M, K]: for int4 each 8 inputs in the order 0 1 4 5 2 3 6 7 (below);
-                          // for int8 weights q + 128 as unsigned bytes (vpdpbusd's unsigned side)
+  std::vector<int8_t> q;  // [M, K]: for int4 each 8 inputs in the order 0 1 4 5 2 3 6 7 (below)
   std::vector<float> scale;  // [M, K / 64]
   std::vector<float> sum;  // [M, K / 64], exact float sums for the int4 zero points
-  std::vector<int32_t> qsum;  // [M, K / 64], sums of q (to center the int4 codes)
+  std::vector<int32_t> qsum;  // [M, K / 64], sums of q (to center the int4 codes, and the int8 ones)
 };
 
 // Lane r of a permuted 64-byte load: word r (the first 32 bytes) and word 16 + r (the next 32).
@@ -38,7 +37,7 @@ QS_INLINE __m512i pair_words() {
 
 // int4: after the permute, lane r holds (low nibbles) inputs 0 1 4 5 and (high) 2 3 6 7 of each
 // 8, so the activations are stored in that order: 16-bit words 0 2 1 3 of every 4. int8
-// (nibble_order false): natural order, the sign bit flipped (q + 128).
+// (nibble_order false): natural order.
 Activations8 quantize8(const float* x, int64_t M, int64_t K, bool nibble_order) {
   const int64_t groups = M * K / GROUP;
   Activations8 a{std::vector<int8_t>(M * K), std::vector<float>(groups), std::vector<float>(groups),
@@ -57,7 +56,7 @@ Activations8 quantize8(const float* x, int64_t M, int64_t K, bool nibble_order) 
       bytes = _mm512_inserti32x4(bytes, _mm512_cvtsepi32_epi8(q), j);
     }
     a.qsum[i] = _mm512_reduce_add_epi32(qsum);
-    bytes = nibble_order ? _mm512_permutexvar_epi16(words, bytes) : _mm512_xor_si512(bytes, _mm512_set1_epi8(-128));
+    if (nibble_order) bytes = _mm512_permutexvar_epi16(words, bytes);
     _mm512_storeu_si512(a.q.data() + i * GROUP, bytes);
     a.scale[i] = top / 127.f;
   }
@@ -84,8 +83,10 @@ constexpr int TILE_ROWS = 8;
 // w = s q + z is taken as s (q - 8) + (z + 8 s): the activations' rounding error then meets the
 // centered codes, not codes 0..15 that all lean one way (which doubled the error). The sum over
 // q - 8 is the integer dot minus 8 times the activations' code sum, exact.
-template <int MT>
-QS_INLINE void q4_tile(const Activations8& a, int64_t m0, int64_t K, const uint8_t* block, const uint16_t* scale,
+// CHAINS: with one or two rows of x the vpdpbusd of a row each wait for the last (a latency of
+// several cycles), so a decode step's rows add into 4 or 2 independent sums, added at the group's end.
+template <int MT, int CHAINS = (MT == 1 ? 4 : MT == 2 ? 2 : 1)>
+__attribute__((noinline)) void q4_tile(const Activations8& a, int64_t m0, int64_t K, const uint8_t* block, const uint16_t* scale,
                        const uint16_t* zero, float* y, int64_t N, int64_t n0, __m512i pairs) {
   const int64_t groups = K / GROUP;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -94,22 +95,26 @@ QS_INLINE void q4_tile(const Activations8& a, int64_t m0, int64_t K, const uint8
   for (int64_t g = 0; g < groups; g++) {
     const uint8_t* wg = block + g * 512;
     const int8_t* xg = a.q.data() + m0 * K + g * GROUP;
-    __m512i dot[MT];
-    for (int m = 0; m < MT; m++) dot[m] = _mm512_setzero_si512();
+    __m512i dot[MT][CHAINS];
+    for (int m = 0; m < MT; m++)
+      for (int k = 0; k < CHAINS; k++) dot[m][k] = _mm512_setzero_si512();
     for (int c = 0; c < 8; c++) {  // 8 inputs: chunks 2c and 2c + 1
       const __m512i w = _mm512_permutexvar_epi16(pairs, _mm512_loadu_si512(wg + c * 64));
       const __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+      const int k_lo = CHAINS == 4 ? 2 * (c & 1) : 0, k_hi = CHAINS == 1 ? 0 : k_lo + 1;
       for (int m = 0; m < MT; m++) {
-        dpbusd(dot[m], lo, broadcast4(xg + m * K + 8 * c));
-        dpbusd(dot[m], hi, broadcast4(xg + m * K + 8 * c + 4));
+        dpbusd(dot[m][k_lo], lo, broadcast4(xg + m * K + 8 * c));
+        dpbusd(dot[m][k_hi], hi, broadcast4(xg + m * K + 8 * c + 4));
       }
     }
+    for (int m = 0; m < MT; m++)
+      for (int k = 1; k < CHAINS; k++) dot[m][0] = _mm512_add_epi32(dot[m][0], dot[m][k]);
     const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale + g * 16)));
     const __m512 z = _mm512_fmadd_ps(_mm512_set1_ps(8.f), s,
                                      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(zero + g * 16))));
     for (int m = 0; m < MT; m++) {
       const int64_t i = (m0 + m) * groups + g;
-      const __m512i centered = _mm512_sub_epi32(dot[m], _mm512_set1_epi32(8 * a.qsum[i]));
+      const __m512i centered = _mm512_sub_epi32(dot[m][0], _mm512_set1_epi32(8 * a.qsum[i]));
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centered), _mm512_mul_ps(s, _mm512_set1_ps(a.scale[i])), acc[m]);
       acc[m] = _mm512_fmadd_ps(z, _mm512_set1_ps(a.sum[i]), acc[m]);
     }
@@ -119,29 +124,33 @@ QS_INLINE void q4_tile(const Activations8& a, int64_t m0, int64_t K, const uint8
 }
 
 // One block of 16 output rows of int8 ([K/2][16 rows][2 inputs]) times MT rows. vpdpbusd wants
-// one unsigned side: the activations come as q + 128 (quantize8), and 128 times the weights' sum
-// (one more vpdpbusd, shared by all MT rows) is taken off again.
-template <int MT>
-QS_INLINE void q8_tile(const Activations8& a, int64_t m0, int64_t K, const int8_t* block, const float* scale,
+// one unsigned side: the weights' sign bits are flipped as they are loaded (q + 128, an XOR beside
+// the permute), and 128 times the activations' code sum is taken off again, exact. That replaced
+// a vpdpbusd per 64 bytes summing the weights, which on Zen 4 (a 512-bit vpdpbusd every ~0.6 ns
+// a core) was half of a decode row's multiply-adds. CHAINS as q4_tile's.
+template <int MT, int CHAINS = (MT == 1 ? 4 : MT == 2 ? 2 : 1)>
+__attribute__((noinline)) void q8_tile(const Activations8& a, int64_t m0, int64_t K, const int8_t* block, const float* scale,
                        float* y, int64_t N, int64_t n0, __m512i pairs) {
   const int64_t groups = K / GROUP;
-  const __m512i ones = _mm512_set1_epi8(1);
+  const __m512i sign = _mm512_set1_epi8(-128);
   __m512 acc[MT];
   for (int m = 0; m < MT; m++) acc[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g++) {
     const int8_t* wg = block + g * GROUP * 16;
     const int8_t* xg = a.q.data() + m0 * K + g * GROUP;
-    __m512i dot[MT], wsum = _mm512_setzero_si512();
-    for (int m = 0; m < MT; m++) dot[m] = _mm512_setzero_si512();
-    for (int p = 0; p < GROUP / 4; p++) {  // 4 inputs: pairs 2p and 2p + 1
-      const __m512i w = _mm512_permutexvar_epi16(pairs, _mm512_loadu_si512(wg + p * 64));
-      dpbusd(wsum, ones, w);
-      for (int m = 0; m < MT; m++) dpbusd(dot[m], broadcast4(xg + m * K + 4 * p), w);
-    }
-    const __m512i offset = _mm512_slli_epi32(wsum, 7);
+    __m512i dot[MT][CHAINS];
     for (int m = 0; m < MT; m++)
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[m], offset)),
-                               _mm512_set1_ps(a.scale[(m0 + m) * groups + g]), acc[m]);
+      for (int k = 0; k < CHAINS; k++) dot[m][k] = _mm512_setzero_si512();
+    for (int p = 0; p < GROUP / 4; p++) {  // 4 inputs: pairs 2p and 2p + 1
+      const __m512i w = _mm512_xor_si512(_mm512_permutexvar_epi16(pairs, _mm512_loadu_si512(wg + p * 64)), sign);
+      for (int m = 0; m < MT; m++) dpbusd(dot[m][p % CHAINS], w, broadcast4(xg + m * K + 4 * p));
+    }
+    for (int m = 0; m < MT; m++) {
+      const int64_t i = (m0 + m) * groups + g;
+      for (int k = 1; k < CHAINS; k++) dot[m][0] = _mm512_add_epi32(dot[m][0], dot[m][k]);
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[m][0], _mm512_set1_epi32(128 * a.qsum[i]))),
+                               _mm512_set1_ps(a.scale[i]), acc[m]);
+    }
   }
   const __mmask16 keep = N - n0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (N - n0)) - 1);
   const __m512 s = _mm512_loadu_ps(scale + n0);  // the scales are padded to whole blocks

@@ -386,7 +386,31 @@ def test_fused_decode_layers_on_a_gated_deltanet_hybrid(tmp_path_factory, monkey
     _fused_equals_per_op(path, monkeypatch, kv_cache="paged", dtype=dtype, quant=quant, one_token_prompt=True)
 
 
-def _fused_equals_per_op(path, monkeypatch, one_token_prompt: bool = False, **options) -> None:
+@needs_avx512
+def test_fused_decode_layers_verify_drafts_on_a_gated_deltanet_hybrid(tmp_path_factory, monkeypatch):
+    """Steps whose chunks carry drafts (the checkpoint's MTP head's) take the fused call too: each
+    chunk's Gated DeltaNet state steps row by row inside the op, keeping the states a rewind
+    returns to, so rejected drafts roll back as on the per-op path (the same tokens, the same
+    drafts kept; requests asking for logprobs are not drafted for)."""
+    from qwen_serve.conformance.models import (
+        LinearAttentionGeometry,
+        Qwen3Geometry,
+        add_mtp_head,
+        make_qwen3_5_checkpoint,
+    )
+
+    geometry = Qwen3Geometry(num_hidden_layers=4, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=64)
+    linear = LinearAttentionGeometry(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                                     linear_value_head_dim=32, full_attention_interval=2)
+    path = add_mtp_head(make_qwen3_5_checkpoint(tmp_path_factory.mktemp("qwen3.5-int4-drafts"), geometry, linear,
+                                                seed=3), seed=3)
+    _fused_equals_per_op(path, monkeypatch, kv_cache="paged", dtype="float32", quant="int4", drafts=True,
+                         speculative="mtp", num_speculative_tokens=3)
+
+
+def _fused_equals_per_op(path, monkeypatch, one_token_prompt: bool = False, drafts: bool = False,
+                         **options) -> None:
     from qwen_serve import LLM, SamplingParams
     from qwen_serve.backends.torch_cpu.fused_decode import FusedDecode
 
@@ -406,11 +430,16 @@ def _fused_equals_per_op(path, monkeypatch, one_token_prompt: bool = False, **op
         values = 1 + 0.5 * torch.randn(a.shape, generator=generator)
         a.copy_(values)
         b.copy_(values)
-    rows = []
+    rows, drafted = [], []
     real_call = FusedDecode.__call__
-    monkeypatch.setattr(FusedDecode, "__call__", lambda self, hidden, *rest: rows.append(hidden.shape[0]) or
-                        real_call(self, hidden, *rest))
-    params = SamplingParams(max_tokens=20, ignore_eos=True, logprobs=5)
+
+    def recorded(self, hidden, x, cos, sin, step, *rest):
+        rows.append(hidden.shape[0])
+        drafted.append(step.states is not None and not step.states.decoding)
+        return real_call(self, hidden, x, cos, sin, step, *rest)
+
+    monkeypatch.setattr(FusedDecode, "__call__", recorded)
+    params = SamplingParams(max_tokens=20, ignore_eos=True, logprobs=None if drafts else 5)  # logprobs: no drafts
     encode = fused_llm.tokenizer.encode
     prompt_sets = ([encode("Hello, world!")], [encode(t) for t in ("The quick brown fox " * 20, "One two", "Lorem ipsum")])
     if one_token_prompt:
@@ -420,9 +449,16 @@ def _fused_equals_per_op(path, monkeypatch, one_token_prompt: bool = False, **op
         return [[(o.token_ids, o.logprobs) for o in llm.generate(prompts, params)] for prompts in prompt_sets]
 
     fused = run(fused_llm)
-    assert 1 in rows and 3 in rows  # single-stream and batched decode steps took the fused call
+    if drafts:  # steps verifying drafts took the fused call, and the first sequence's went ahead of its drafts
+        assert any(drafted) and 1 + options["num_speculative_tokens"] in rows
+    else:  # single-stream and batched decode steps took the fused call
+        assert 1 in rows and 3 in rows and not any(drafted)
     calls = len(rows)
     assert run(per_op_llm) == fused and len(rows) == calls
+    if drafts:
+        stats = fused_llm.engine.stats, per_op_llm.engine.stats
+        assert stats[0].draft_tokens_total == stats[1].draft_tokens_total > 0
+        assert stats[0].accepted_draft_tokens_total == stats[1].accepted_draft_tokens_total < stats[0].draft_tokens_total
 
 
 def _norms(model) -> list[torch.Tensor]:

@@ -1,13 +1,15 @@
-"""Every decoder layer of a decode-only step in one kernel call (``decode_layers_`` in
+"""Every decoder layer of a step without prefill chunks in one kernel call (``decode_layers_`` in
 kernels/ops.cpp), for models whose projections all run the AVX-512 kernels on their blocked
 layouts (int4, or bfloat16 where the CPU has no AMX) over the backend's own paged KV storage and,
-for Gated DeltaNet layers, its own state storage: decode, where the ~11 calls per layer and the
-Python around them took about a seventh of a Qwen3-0.6B step and more of a Qwen3.5-0.8B one
-(py-spy, Zen 4). The op runs the same kernels in the same order as the per-op path of model.py,
-so both give the same bits; any other step (a prefill chunk, drafts, a cache read through the
-Protocols, a watched projection) keeps the per-op path.
+for Gated DeltaNet layers, its own state storage: decode and the verification of drafts, where the
+~11 calls per layer and the Python around them took about a seventh of a Qwen3-0.6B step and more
+of a Qwen3.5-0.8B one (py-spy, Zen 4). The op runs the same kernels in the same order as the
+per-op path of model.py, so both give the same bits; any other step (a prefill chunk, a cache read
+through the Protocols, a watched projection) keeps the per-op path.
 """
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 
@@ -81,12 +83,9 @@ class FusedDecode:
     def applies(self, rows: int, step, cache) -> bool:
         """Whether this step may take the fused path: every row decodes and reads the cache (and
         keeps its states) in place, the kernels take this many rows, and no projection is being
-        watched (calibration swaps a layer's attribute for a recorder). With Gated DeltaNet layers
-        every chunk must be one row: a chunk's drafts step its state row by row, keeping the
-        states a rewind may return to (gated_deltanet.py)."""
+        watched (calibration swaps a layer's attribute for a recorder)."""
         return step.paged is not None and not step.prefills and \
-            (not self.delta_layers or step.states.decoding and
-             type(getattr(cache, "state_storage", None)) is TorchStateStorage) and \
+            (not self.delta_layers or type(getattr(cache, "state_storage", None)) is TorchStateStorage) and \
             all(lin.plan.path(rows) == "kernel" for lin in self.quantized) and \
             all(tuple(layer.linears()) == linears for layer, linears in zip(self.layers, self.linears))
 
@@ -97,16 +96,37 @@ class FusedDecode:
         paged = step.paged
         conv_states, states = [], []
         state_slots, fresh = self.no_states
+        order = (self.no_states[0],) * 4
         if self.delta_layers:
             storage = cache.state_storage
             conv_states, states = storage.conv_history[:self.delta_layers], storage.recurrent[:self.delta_layers]
             state_slots, fresh = step.states.slots, step.states.fresh
+            if not step.states.decoding:
+                state_slots, fresh, order = stepping_order(step.states)
         return self.kernels.ops.decode_layers_(
             hidden, x, self.mixers, self.weights, paged.storage.keys[:self.attention_layers],
             paged.storage.values[:self.attention_layers], conv_states, states,
-            cos, sin, step.write_slots, paged.block_tables, paged.lengths, state_slots, fresh,
+            cos, sin, step.write_slots, paged.block_tables, paged.lengths, state_slots, fresh, *order,
             paged.storage.block_size, config.num_heads, config.num_kv_heads, config.head_dim, self.output_gate,
             self.key_heads, config.rms_norm_eps, scale, self.kernels.vnni, self.kernels.bf16)
+
+
+def stepping_order(layout) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """A step with drafted chunks as the op takes it (gated_deltanet.StateLayout's steps): each
+    row's state slot and fresh flag, then the rows step by step, where each step starts, the
+    (from, to) state slot copies after the steps and where each step's start."""
+    rows = sum(len(step_rows.rows) for step_rows in layout.steps)
+    slots, fresh = torch.empty(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.bool)
+    step_starts, copy_starts, copies = [0], [0], []
+    for step_rows in layout.steps:
+        slots[step_rows.rows] = layout.slots[step_rows.chunks]
+        fresh[step_rows.rows] = step_rows.fresh
+        step_starts.append(step_starts[-1] + len(step_rows.rows))
+        copies += [(int(layout.slots[chunk]), slot) for chunk, slot in step_rows.copies]
+        copy_starts.append(len(copies))
+    order = torch.cat([step_rows.rows for step_rows in layout.steps])
+    as_long = partial(torch.tensor, dtype=torch.long)
+    return slots, fresh, (order, as_long(step_starts), as_long(copies).view(-1, 2), as_long(copy_starts))
 
 
 def _blocks(linear, none: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

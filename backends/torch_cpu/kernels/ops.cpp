@@ -2,8 +2,11 @@
 // They run on torch's own intra-op thread pool (at::parallel_for), so they and torch's ops share
 // the same threads and never oversubscribe the cores.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
+#include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "kernels.h"
 
@@ -403,7 +406,40 @@ void check_state_slots(const at::Tensor& slots, const at::Tensor& fresh, int64_t
   for (int64_t b = 0; b < B; b++) TORCH_CHECK(slot[b] >= 0 && slot[b] < S, "slot ", slot[b], " is not one of ", S);
 }
 
-// Every decoder layer of a decode-only step in one call, for projections on the blocked int4 or
+// The order in which a step's T rows update their states (decode_layers_): S steps, each
+// step's rows distinct and in [0, T), every row in one step; copies [P, 2] of slots among S
+// slots. Returns S (0 when step_starts is empty: one step in row order, nothing copied).
+int64_t check_steps(const at::Tensor& step_rows, const at::Tensor& step_starts, const at::Tensor& copies,
+                    const at::Tensor& copy_starts, int64_t T, int64_t S) {
+  if (step_starts.numel() == 0) {
+    TORCH_CHECK(step_rows.numel() == 0 && copies.numel() == 0 && copy_starts.numel() == 0,
+                "without step_starts, step_rows, copies and copy_starts must be empty");
+    return 0;
+  }
+  for (const at::Tensor* t : {&step_rows, &step_starts, &copies, &copy_starts})
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous(), "step_rows, step_starts, copies and "
+                "copy_starts must be contiguous int64");
+  const int64_t steps = step_starts.numel() - 1;
+  TORCH_CHECK(step_rows.numel() == T && copy_starts.numel() == steps + 1 && copies.dim() == 2 && copies.size(1) == 2,
+              "step_rows must be [T], copy_starts [steps + 1] and copies [P, 2]");
+  const int64_t *order = step_rows.data_ptr<int64_t>(), *start = step_starts.data_ptr<int64_t>();
+  const int64_t *copy_start = copy_starts.data_ptr<int64_t>(), *pairs = copies.data_ptr<int64_t>();
+  TORCH_CHECK(start[0] == 0 && start[steps] == T && copy_start[0] == 0 && copy_start[steps] == copies.size(0),
+              "step_starts must run from 0 to T and copy_starts from 0 to P");
+  std::vector<char> seen(T, 0);
+  for (int64_t s = 0; s < steps; s++) {
+    TORCH_CHECK(start[s] < start[s + 1] && copy_start[s] <= copy_start[s + 1], "steps must be non-empty, in order");
+    for (int64_t j = start[s]; j < start[s + 1]; j++) {
+      TORCH_CHECK(order[j] >= 0 && order[j] < T && !seen[order[j]], "step_rows must hold each row once");
+      seen[order[j]] = 1;
+    }
+  }
+  for (int64_t p = 0; p < 2 * copies.size(0); p++)
+    TORCH_CHECK(pairs[p] >= 0 && pairs[p] < S, "copied slot ", pairs[p], " is not one of ", S);
+  return steps;
+}
+
+// Every decoder layer of a step without prefill chunks in one call, for projections on the blocked int4 or
 // bfloat16 layouts, the backend's own paged KV storage and (for linear-attention layers) its own
 // state storage: the configuration of decode. The same kernels in the same order as the per-op
 // path of model.py, so the result is the same to the bit; what goes is the Python and the
@@ -415,7 +451,12 @@ void check_state_slots(const at::Tensor& slots, const at::Tensor& fresh, int64_t
 //     o codes/scale/zero; the i-th attention layer reads and writes key_caches[i], value_caches[i]
 //   GATED_DELTA: in_proj codes/scale/zero (the mixed channels, then z), gates (float32 blocked
 //     [blocks, E, 16]: a, then b), conv_by_tap, decay_rate, dt_bias, out_norm, out_proj codes/scale/zero;
-//     the i-th such layer updates conv_states[i], states[i] at rows state_slots
+//     the i-th such layer updates conv_states[i], states[i] at each row's state_slots[row]
+//     (fresh[row]: it starts at zeros), row after row where a chunk has more (its drafts): the
+//     rows step_rows[step_starts[s] .. step_starts[s + 1]) step together, one row of each chunk,
+//     s = 0, 1, ...; after step s, state slot copies[p][0] is copied into copies[p][1] for p in
+//     [copy_starts[s], copy_starts[s + 1]) (the states a rewind returns to). Empty step_starts:
+//     every row is its own chunk, one step in row order, nothing copied (decode)
 // (q_norm, k_norm: empty tensors for a model without them; a bfloat16 projection's scale and zero
 // are empty too). cos and sin [T, R] turn each head's first R of head_dim dimensions. hidden [T, E]
 // is the residual stream, x = rms_norm(hidden) by the first layer's input norm; on return hidden
@@ -428,9 +469,10 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayR
                           at::TensorList key_caches, at::TensorList value_caches, at::TensorList conv_states,
                           at::TensorList states, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                           const at::Tensor& block_tables, const at::Tensor& lengths, const at::Tensor& state_slots,
-                          const at::Tensor& fresh, int64_t block_size, int64_t heads, int64_t kv_heads,
-                          int64_t head_dim, bool output_gate, int64_t key_heads, double eps, double scale, bool vnni,
-                          bool dot_bf16) {
+                          const at::Tensor& fresh, const at::Tensor& step_rows, const at::Tensor& step_starts,
+                          const at::Tensor& copies, const at::Tensor& copy_starts, int64_t block_size, int64_t heads,
+                          int64_t kv_heads, int64_t head_dim, bool output_gate, int64_t key_heads, double eps,
+                          double scale, bool vnni, bool dot_bf16) {
   require("avx512f", __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"));
   const int64_t L = static_cast<int64_t>(mixers.size());
   int64_t attention_layers = 0, delta_layers = 0, expected = 0;
@@ -508,6 +550,7 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayR
     check_block_tables(block_tables, lengths, T, block_size, key_caches[0].size(0));
   }
   if (delta_layers > 0) check_state_slots(state_slots, fresh, T, delta.slots);
+  const int64_t steps = check_steps(step_rows, step_starts, copies, copy_starts, T, delta.slots);
 
   const int64_t value_width = delta.value_heads * delta.value_dim;
   const int64_t in_width = std::max(attention_layers ? n_qkv : 0, delta_layers ? delta.channels + value_width : 0);
@@ -549,13 +592,55 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayR
     } else {
       const int64_t i = delta_index++, in_stride = delta.channels + value_width;
       project(w, xp, E, in_stride, inp);
-      qs::f32b_matmul_avx512(xp, T, E, w[3].data_ptr<float>(), 2 * delta.value_heads, gates.data_ptr<float>());
-      qs::gated_delta_decode(inp, in_stride, inp + delta.channels, in_stride, T, key_heads, delta.value_heads,
-                             delta.key_dim, delta.value_dim, w[4].data_ptr<float>(), delta.taps,
-                             conv_states[i].data_ptr<float>(), states[i].data_ptr<float>(),
-                             state_slots.data_ptr<int64_t>(), fresh.data_ptr<bool>(), gates.data_ptr<float>(),
-                             2 * delta.value_heads, w[5].data_ptr<float>(), w[6].data_ptr<float>(),
-                             w[7].data_ptr<float>(), f_eps, outp);
+      const int64_t n_gates = 2 * delta.value_heads;
+      qs::f32b_matmul_avx512(xp, T, E, w[3].data_ptr<float>(), n_gates, gates.data_ptr<float>());
+      float *conv = conv_states[i].data_ptr<float>(), *state = states[i].data_ptr<float>();
+      // n rows of mixed channels then z (`stride` apart), their gates, state slots and fresh flags -> out
+      auto step = [&](const float* mixed, int64_t stride, const float* gate_rows, int64_t n, const int64_t* slot,
+                      const bool* zeroed, float* out) {
+        qs::gated_delta_decode(mixed, stride, mixed + delta.channels, stride, n, key_heads, delta.value_heads,
+                               delta.key_dim, delta.value_dim, w[4].data_ptr<float>(), delta.taps, conv, state, slot,
+                               zeroed, gate_rows, n_gates, w[5].data_ptr<float>(), w[6].data_ptr<float>(),
+                               w[7].data_ptr<float>(), f_eps, out);
+      };
+      if (steps == 0) {
+        step(inp, in_stride, gates.data_ptr<float>(), T, state_slots.data_ptr<int64_t>(), fresh.data_ptr<bool>(), outp);
+      } else {
+        const int64_t *order = step_rows.data_ptr<int64_t>(), *start = step_starts.data_ptr<int64_t>();
+        const int64_t *pairs = copies.data_ptr<int64_t>(), *copy_start = copy_starts.data_ptr<int64_t>();
+        const int64_t conv_size = conv_states[i][0].numel(), state_size = states[i][0].numel();
+        std::vector<float> rows_in(in_stride), rows_gates(n_gates), rows_out(value_width);
+        std::vector<int64_t> rows_slot;
+        std::vector<char> rows_fresh;
+        for (int64_t s = 0; s < steps; s++) {
+          const int64_t n = start[s + 1] - start[s];
+          rows_in.resize(n * in_stride), rows_gates.resize(n * n_gates), rows_out.resize(n * value_width);
+          rows_slot.resize(n), rows_fresh.resize(n);
+          for (int64_t j = 0; j < n; j++) {  // the step's rows gathered
+            const int64_t row = order[start[s] + j];
+            std::copy_n(inp + row * in_stride, in_stride, rows_in.data() + j * in_stride);
+            std::copy_n(gates.data_ptr<float>() + row * n_gates, n_gates, rows_gates.data() + j * n_gates);
+            rows_slot[j] = state_slots.data_ptr<int64_t>()[row], rows_fresh[j] = fresh.data_ptr<bool>()[row];
+          }
+          step(rows_in.data(), in_stride, rows_gates.data(), n, rows_slot.data(),
+               reinterpret_cast<const bool*>(rows_fresh.data()), rows_out.data());
+          for (int64_t j = 0; j < n; j++)
+            std::copy_n(rows_out.data() + j * value_width, value_width, outp + order[start[s] + j] * value_width);
+          // the copies on every thread: a state is ~1 MiB (Qwen3.5: 16 heads x 128 x 128 float32) and
+          // a verified chunk keeps one per draft per layer; copied by one thread they cost more than
+          // the Python of the per-op path saved (Zen 4, 3 drafts)
+          const int64_t n_copies = copy_start[s + 1] - copy_start[s], pieces = (state_size + 16383) / 16384;
+          at::parallel_for(0, n_copies * pieces, 1, [&](int64_t begin, int64_t end) {
+            for (int64_t task = begin; task < end; task++) {
+              const int64_t p = copy_start[s] + task / pieces, piece = task % pieces;
+              const int64_t from = pairs[2 * p], to = pairs[2 * p + 1];
+              const int64_t first = piece * 16384, count = std::min<int64_t>(16384, state_size - first);
+              std::copy_n(state + from * state_size + first, count, state + to * state_size + first);
+              if (piece == 0) std::copy_n(conv + from * conv_size, conv_size, conv + to * conv_size);
+            }
+          });
+        }
+      }
       project(w + 8, outp, value_width, E, op);
     }
     qs::add_rms_norm(h, op, T, E, m[0].data_ptr<float>(), f_eps, xp);
@@ -675,7 +760,8 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("gated_delta_gate_(Tensor(a!) out, Tensor z, Tensor norm_weight, float eps) -> ()", &gated_delta_gate_);
   m.def("decode_layers_(Tensor(a!) hidden, Tensor x, int[] mixers, Tensor[] weights, Tensor(b!)[] key_caches, "
         "Tensor(c!)[] value_caches, Tensor(d!)[] conv_states, Tensor(e!)[] states, Tensor cos, Tensor sin, "
-        "Tensor slots, Tensor block_tables, Tensor lengths, Tensor state_slots, Tensor fresh, int block_size, "
+        "Tensor slots, Tensor block_tables, Tensor lengths, Tensor state_slots, Tensor fresh, Tensor step_rows, "
+        "Tensor step_starts, Tensor copies, Tensor copy_starts, int block_size, "
         "int heads, int kv_heads, int head_dim, bool output_gate, int key_heads, float eps, float scale, bool vnni, "
         "bool dot_bf16) -> Tensor", &decode_layers_);
 }

@@ -112,9 +112,10 @@ class FusedDecode:
 
 
 def stepping_order(layout) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-    """A step with drafted chunks as the op takes it (gated_deltanet.StateLayout's steps): each
-    row's state slot and fresh flag, then the rows step by step, where each step starts, the
-    (from, to) state slot copies after the steps and where each step's start."""
+    """A step with drafted chunks as the op takes it, from gated_deltanet.StateLayout's steps: each
+    row's state slot and fresh flag; then the rows in stepping order and where each step starts
+    among them, the (from, to) state slots copied after the steps and where each step's copies
+    start."""
     rows = sum(len(step_rows.rows) for step_rows in layout.steps)
     slots, fresh = torch.empty(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.bool)
     step_starts, copy_starts, copies = [0], [0], []

@@ -459,6 +459,19 @@ def _fused_equals_per_op(path, monkeypatch, one_token_prompt: bool = False, draf
         stats = fused_llm.engine.stats, per_op_llm.engine.stats
         assert stats[0].draft_tokens_total == stats[1].draft_tokens_total > 0
         assert stats[0].accepted_draft_tokens_total == stats[1].accepted_draft_tokens_total < stats[0].draft_tokens_total
+        # the op updates one step's states in parallel: a plan whose rows in one step share a state
+        # slot is refused, not raced
+        from qwen_serve.backends.torch_cpu import fused_decode
+
+        real_order = fused_decode.stepping_order
+
+        def one_slot(layout):
+            slots, fresh, order = real_order(layout)
+            return slots.fill_(int(slots[0])), fresh, order
+
+        monkeypatch.setattr(fused_decode, "stepping_order", one_slot)
+        with pytest.raises(RuntimeError, match="share a state slot"):
+            fused_llm.generate(prompt_sets[1], params)
 
 
 def _norms(model) -> list[torch.Tensor]:

@@ -406,11 +406,12 @@ void check_state_slots(const at::Tensor& slots, const at::Tensor& fresh, int64_t
   for (int64_t b = 0; b < B; b++) TORCH_CHECK(slot[b] >= 0 && slot[b] < S, "slot ", slot[b], " is not one of ", S);
 }
 
-// The order in which a step's T rows update their states (decode_layers_): S steps, each
-// step's rows distinct and in [0, T), every row in one step; copies [P, 2] of slots among S
-// slots. Returns S (0 when step_starts is empty: one step in row order, nothing copied).
+// The order in which a step's T rows update their states (decode_layers_): steps whose rows are
+// distinct, in [0, T), each in one step, and (as the kernel updates a step's states in parallel)
+// in distinct state slots; copies [P, 2] of slots among S. Returns the number of steps (0 when
+// step_starts is empty: one step in row order, nothing copied).
 int64_t check_steps(const at::Tensor& step_rows, const at::Tensor& step_starts, const at::Tensor& copies,
-                    const at::Tensor& copy_starts, int64_t T, int64_t S) {
+                    const at::Tensor& copy_starts, const at::Tensor& state_slots, int64_t T, int64_t S) {
   if (step_starts.numel() == 0) {
     TORCH_CHECK(step_rows.numel() == 0 && copies.numel() == 0 && copy_starts.numel() == 0,
                 "without step_starts, step_rows, copies and copy_starts must be empty");
@@ -426,13 +427,21 @@ int64_t check_steps(const at::Tensor& step_rows, const at::Tensor& step_starts, 
   const int64_t *copy_start = copy_starts.data_ptr<int64_t>(), *pairs = copies.data_ptr<int64_t>();
   TORCH_CHECK(start[0] == 0 && start[steps] == T && copy_start[0] == 0 && copy_start[steps] == copies.size(0),
               "step_starts must run from 0 to T and copy_starts from 0 to P");
+  TORCH_CHECK(state_slots.numel() == T, "steps need a state slot per row (Gated DeltaNet layers)");
+  const int64_t* slot = state_slots.data_ptr<int64_t>();
   std::vector<char> seen(T, 0);
+  std::vector<int64_t> step_slots;
   for (int64_t s = 0; s < steps; s++) {
     TORCH_CHECK(start[s] < start[s + 1] && copy_start[s] <= copy_start[s + 1], "steps must be non-empty, in order");
+    step_slots.clear();
     for (int64_t j = start[s]; j < start[s + 1]; j++) {
       TORCH_CHECK(order[j] >= 0 && order[j] < T && !seen[order[j]], "step_rows must hold each row once");
       seen[order[j]] = 1;
+      step_slots.push_back(slot[order[j]]);
     }
+    std::sort(step_slots.begin(), step_slots.end());
+    TORCH_CHECK(std::adjacent_find(step_slots.begin(), step_slots.end()) == step_slots.end(),
+                "the rows of step ", s, " share a state slot");
   }
   for (int64_t p = 0; p < 2 * copies.size(0); p++)
     TORCH_CHECK(pairs[p] >= 0 && pairs[p] < S, "copied slot ", pairs[p], " is not one of ", S);
@@ -550,7 +559,7 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayR
     check_block_tables(block_tables, lengths, T, block_size, key_caches[0].size(0));
   }
   if (delta_layers > 0) check_state_slots(state_slots, fresh, T, delta.slots);
-  const int64_t steps = check_steps(step_rows, step_starts, copies, copy_starts, T, delta.slots);
+  const int64_t steps = check_steps(step_rows, step_starts, copies, copy_starts, state_slots, T, delta.slots);
 
   const int64_t value_width = delta.value_heads * delta.value_dim;
   const int64_t in_width = std::max(attention_layers ? n_qkv : 0, delta_layers ? delta.channels + value_width : 0);

@@ -112,20 +112,19 @@ class FusedDecode:
 
 
 def stepping_order(layout) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
-    """A step with drafted chunks as the op takes it, from gated_deltanet.StateLayout's steps: each
-    row's state slot and fresh flag; then the rows in stepping order and where each step starts
-    among them, the (from, to) state slots copied after the steps and where each step's copies
-    start."""
-    rows = sum(len(step_rows.rows) for step_rows in layout.steps)
-    slots, fresh = torch.empty(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.bool)
+    """A step with drafted chunks as the op takes it, from gated_deltanet.StateLayout's steps: the
+    rows in stepping order, their state slots and fresh flags in that order, where each step
+    starts among them, the (from, to) state slots copied after the steps and where each step's
+    copies start."""
+    steps = layout.steps
     step_starts, copy_starts, copies = [0], [0], []
-    for step_rows in layout.steps:
-        slots[step_rows.rows] = layout.slots[step_rows.chunks]
-        fresh[step_rows.rows] = step_rows.fresh
+    for step_rows in steps:
         step_starts.append(step_starts[-1] + len(step_rows.rows))
         copies += [(int(layout.slots[chunk]), slot) for chunk, slot in step_rows.copies]
         copy_starts.append(len(copies))
-    order = torch.cat([step_rows.rows for step_rows in layout.steps])
+    slots = torch.cat([layout.slots[step_rows.chunks] for step_rows in steps])
+    fresh = torch.cat([step_rows.fresh for step_rows in steps])
+    order = torch.cat([step_rows.rows for step_rows in steps])
     as_long = partial(torch.tensor, dtype=torch.long)
     return slots, fresh, (order, as_long(step_starts), as_long(copies).view(-1, 2), as_long(copy_starts))
 

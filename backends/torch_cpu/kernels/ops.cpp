@@ -408,8 +408,8 @@ void check_state_slots(const at::Tensor& slots, const at::Tensor& fresh, int64_t
 
 // The order in which a step's T rows update their states (decode_layers_): steps whose rows are
 // distinct, in [0, T), each in one step, and (as the kernel updates a step's states in parallel)
-// in distinct state slots; copies [P, 2] of slots among S. Returns the number of steps (0 when
-// step_starts is empty: one step in row order, nothing copied).
+// in distinct state slots (state_slots in that order); copies [P, 2] of slots among S. Returns the
+// number of steps (0 when step_starts is empty: one step in row order, nothing copied).
 int64_t check_steps(const at::Tensor& step_rows, const at::Tensor& step_starts, const at::Tensor& copies,
                     const at::Tensor& copy_starts, const at::Tensor& state_slots, int64_t T, int64_t S) {
   if (step_starts.numel() == 0) {
@@ -433,12 +433,11 @@ int64_t check_steps(const at::Tensor& step_rows, const at::Tensor& step_starts, 
   std::vector<int64_t> step_slots;
   for (int64_t s = 0; s < steps; s++) {
     TORCH_CHECK(start[s] < start[s + 1] && copy_start[s] <= copy_start[s + 1], "steps must be non-empty, in order");
-    step_slots.clear();
     for (int64_t j = start[s]; j < start[s + 1]; j++) {
       TORCH_CHECK(order[j] >= 0 && order[j] < T && !seen[order[j]], "step_rows must hold each row once");
       seen[order[j]] = 1;
-      step_slots.push_back(slot[order[j]]);
     }
+    step_slots.assign(slot + start[s], slot + start[s + 1]);
     std::sort(step_slots.begin(), step_slots.end());
     TORCH_CHECK(std::adjacent_find(step_slots.begin(), step_slots.end()) == step_slots.end(),
                 "the rows of step ", s, " share a state slot");
@@ -460,10 +459,10 @@ int64_t check_steps(const at::Tensor& step_rows, const at::Tensor& step_starts, 
 //     o codes/scale/zero; the i-th attention layer reads and writes key_caches[i], value_caches[i]
 //   GATED_DELTA: in_proj codes/scale/zero (the mixed channels, then z), gates (float32 blocked
 //     [blocks, E, 16]: a, then b), conv_by_tap, decay_rate, dt_bias, out_norm, out_proj codes/scale/zero;
-//     the i-th such layer updates conv_states[i], states[i] at each row's state_slots[row]
-//     (fresh[row]: it starts at zeros), row after row where a chunk has more (its drafts): the
-//     rows step_rows[step_starts[s] .. step_starts[s + 1]) step together, one row of each chunk,
-//     s = 0, 1, ...; after step s, state slot copies[p][0] is copied into copies[p][1] for p in
+//     the i-th such layer updates conv_states[i], states[i] at each row's state slot (fresh: it
+//     starts at zeros), row after row where a chunk has more (its drafts): the rows
+//     step_rows[step_starts[s] .. step_starts[s + 1]) step together, one row of each chunk,
+//     s = 0, 1, ..., and state_slots and fresh follow step_rows' order; after step s, state slot copies[p][0] is copied into copies[p][1] for p in
 //     [copy_starts[s], copy_starts[s + 1]) (the states a rewind returns to). Empty step_starts:
 //     every row is its own chunk, one step in row order, nothing copied (decode)
 // (q_norm, k_norm: empty tensors for a model without them; a bfloat16 projection's scale and zero
@@ -618,21 +617,18 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayR
         const int64_t *order = step_rows.data_ptr<int64_t>(), *start = step_starts.data_ptr<int64_t>();
         const int64_t *pairs = copies.data_ptr<int64_t>(), *copy_start = copy_starts.data_ptr<int64_t>();
         const int64_t conv_size = conv_states[i][0].numel(), state_size = states[i][0].numel();
-        std::vector<float> rows_in(in_stride), rows_gates(n_gates), rows_out(value_width);
-        std::vector<int64_t> rows_slot;
-        std::vector<char> rows_fresh;
+        const float* gate_rows = gates.data_ptr<float>();
+        std::vector<float> rows_in, rows_gates, rows_out;
         for (int64_t s = 0; s < steps; s++) {
           const int64_t n = start[s + 1] - start[s];
           rows_in.resize(n * in_stride), rows_gates.resize(n * n_gates), rows_out.resize(n * value_width);
-          rows_slot.resize(n), rows_fresh.resize(n);
           for (int64_t j = 0; j < n; j++) {  // the step's rows gathered
             const int64_t row = order[start[s] + j];
             std::copy_n(inp + row * in_stride, in_stride, rows_in.data() + j * in_stride);
-            std::copy_n(gates.data_ptr<float>() + row * n_gates, n_gates, rows_gates.data() + j * n_gates);
-            rows_slot[j] = state_slots.data_ptr<int64_t>()[row], rows_fresh[j] = fresh.data_ptr<bool>()[row];
+            std::copy_n(gate_rows + row * n_gates, n_gates, rows_gates.data() + j * n_gates);
           }
-          step(rows_in.data(), in_stride, rows_gates.data(), n, rows_slot.data(),
-               reinterpret_cast<const bool*>(rows_fresh.data()), rows_out.data());
+          step(rows_in.data(), in_stride, rows_gates.data(), n, state_slots.data_ptr<int64_t>() + start[s],
+               fresh.data_ptr<bool>() + start[s], rows_out.data());
           for (int64_t j = 0; j < n; j++)
             std::copy_n(rows_out.data() + j * value_width, value_width, outp + order[start[s] + j] * value_width);
           // the copies on every thread: a state is ~1 MiB (Qwen3.5: 16 heads x 128 x 128 float32) and

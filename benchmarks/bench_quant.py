@@ -210,7 +210,7 @@ def quality() -> None:
     from qwen_serve.registry import BackendEntry, load_registry
 
     registry = load_registry()
-    for head in ("none", "int8", "int4"):
+    for head in ("none", "int8", "int6", "int4"):
         registry.backends[f"torch-head-{head}"] = BackendEntry(f"torch-head-{head}", lambda h=head: TorchBackend(head_quant=h))
     float_llm = LLM()
     prompts = [float_llm.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in CHAT_PROMPTS]
@@ -218,14 +218,14 @@ def quality() -> None:
           f" float model weights {float_llm.parts.executor.weight_bytes() / 2**20:.1f} MiB")
     print(f"{'embedding / lm_head':20s} {'calibrated':>10s} {'weights MiB':>12s} {'top-5 agreement':>16s} "
           f"{'at prompt ends':>15s} {'float top-1 in int4 top-5':>26s}")
-    for head, calibrate in (("int8", True), ("int8", False), ("none", True), ("int4", True)):
+    for head, calibrate in (("int8", True), ("int8", False), ("int6", True), ("none", True), ("int4", True)):
         llm = LLM(quant="int4", backend=f"torch-head-{head}", registry=registry, calibrate=calibrate)
         r = top5_agreement(float_llm, llm, prompts)
-        label = {"none": "float32", "int8": "int8 rows", "int4": "int4 (canonical)"}[head]
+        label = {"none": "float32", "int8": "int8 rows", "int6": "int6 rows", "int4": "int4 (canonical)"}[head]
         print(f"{label:20s} {'yes' if calibrate else 'no':>10s} {llm.parts.executor.weight_bytes() / 2**20:12.1f} "
               f"{r.overall:16.3f} {r.at_prompt_ends:15.3f} {r.float_top1_kept:26.3f}", flush=True)
     params = SamplingParams(max_tokens=64)
-    sample = LLM(quant="int4")  # the default: calibrated, int8 embedding / lm_head
+    sample = LLM(quant="int4")  # the default: calibrated, int6 embedding / lm_head where VNNI runs, else int8
     for question in ("What is the capital of France?", "Write a haiku about the sea."):
         print(f"int4 greedy, {question!r}: {sample.chat([[{'role': 'user', 'content': question}]], params)[0].text!r}")
 

@@ -35,12 +35,41 @@ def hf_greedy(path: Path, prompt_ids: list[int], max_new_tokens: int, eos_ids: t
     return out
 
 
-def hf_model_on_int4_grid(path: Path):
+def int8_rows_on_grid(weight):
+    """A float table [rows, width] rounded as int8 rows with one scale per row (symmetric)."""
+    import numpy as np
+
+    step = np.abs(weight).max(axis=1, keepdims=True) / np.float32(127)  # 0 for an all-zero padding row
+    return np.rint(np.divide(weight, step, out=np.zeros_like(weight), where=step > 0)) * step
+
+
+def int6_rows_on_grid(weight):
+    """A float table [rows, width] rounded as int6 rows: codes -31..31 times a float16 scale per
+    row and group of 64 inputs (the torch backend's Int6Linear)."""
+    import numpy as np
+
+    groups = weight.reshape(weight.shape[0], -1, 64)
+    step = (np.abs(groups).max(axis=2, keepdims=True) / np.float32(31)).astype(np.float16).astype(np.float32)
+    codes = np.clip(np.rint(np.divide(groups, step, out=np.zeros_like(groups), where=step > 0)), -31, 31)
+    return (codes * step).reshape(weight.shape)
+
+
+TABLE_GRIDS = {"int8": int8_rows_on_grid, "int6": int6_rows_on_grid, "none": lambda weight: weight}
+
+
+def table_kind(llm) -> str:
+    """How `llm` (a qwen_serve.LLM on the torch backend) holds its embedding table: "int6",
+    "int8" or "none" (float)."""
+    return getattr(llm.parts.executor.embed, "kind", "none")
+
+
+def hf_model_on_int4_grid(path: Path, table: str = "int8"):
     """transformers' model of `path` with its weights moved onto qwen-serve's int4 grid, as
     ``--quant int4`` without calibration holds them: every projection whose input width is whole
     groups of 64 (the others stay float, as there) (quant.int4 rounds each row
     on its own, so a weight transformers stores fused, such as the experts' gate_up, rounds as its
-    parts would) and the embedding as int8 rows. A separate copy from hf_model's."""
+    parts would) and the embedding and an untied head as `table` rows (a key of TABLE_GRIDS, as the
+    engine keeps them). A separate copy from hf_model's."""
     import numpy as np
     from transformers import AutoModelForCausalLM
 
@@ -59,10 +88,8 @@ def hf_model_on_int4_grid(path: Path):
             # Qwen3-Next's in_proj_qkvz: the rows of our in_proj_qkv and in_proj_z, regrouped
             if is_projection(name) or name.endswith(("experts.gate_up_proj", "experts.down_proj", ".in_proj_qkvz.weight")):
                 p.copy_(torch.from_numpy(on_grid(w)))
-            elif name == "model.embed_tokens.weight":
-                step = np.abs(w).max(axis=1, keepdims=True) / 127  # 0 for an all-zero padding row
-                codes = np.rint(np.divide(w, step, out=np.zeros_like(w), where=step > 0))
-                p.copy_(torch.from_numpy(codes * step))
+            elif name.endswith("embed_tokens.weight") or name == "lm_head.weight":  # multimodal: model.language_model.
+                p.copy_(torch.from_numpy(TABLE_GRIDS[table](w)))
     return model
 
 

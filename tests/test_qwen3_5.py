@@ -263,20 +263,30 @@ def test_a_prefill_chunk_in_kernels_equals_torch_ops(key_heads, value_heads, fre
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)  # slot 2 and the snapshots' slots alike
 
 
-@pytest.mark.parametrize("disabled", ["", "avx512_vnni"])
-def test_int4_equals_transformers_on_the_int4_grid(checkpoint, monkeypatch, disabled):
+@pytest.mark.parametrize(("disabled", "table"), [("", "int8"), ("avx512_vnni", "int8"), ("avx512_vnni", "int6")])
+def test_int4_equals_transformers_on_the_int4_grid(checkpoint, monkeypatch, disabled, table):
     """The int4 path (the linear-attention projections, the split gate of q_proj, the experts and
-    the shared one, the int8 table) against transformers on the same weights moved onto int4's
-    grid: log-probabilities within the activations' rounding (int16 on AVX-512 without VNNI:
+    the shared one, the int8 or int6 table) against transformers on the same weights moved onto
+    int4's grid: log-probabilities within the activations' rounding (int16 on AVX-512 without VNNI:
     measured under 0.01; int8 with VNNI or on AVX2, which these random layers amplify: measured up
-    to 0.2), and the same
-    token unless the rounding could tip a near-tie."""
+    to 0.2), and the same token unless the rounding could tip a near-tie. The int6 table is taken
+    without VNNI, where its rows go through float tiles, so the table itself is checked tightly (its
+    kernel: test_torch_kernels; with int8 activations, the random experts' routing amplified them to
+    0.5 on the MoE layout)."""
     from qwen_serve.backends.torch_cpu import native
+    from qwen_serve.backends.torch_cpu.backend import TorchBackend
+    from qwen_serve.backends.torch_cpu.path_plan import PathPlan
     from qwen_serve.conformance.reference import assert_first_tokens_match, hf_model_on_int4_grid
+    from qwen_serve.registry import BackendEntry, load_registry
 
     monkeypatch.setenv(native.DISABLE_ENV, disabled)
-    hf = hf_model_on_int4_grid(checkpoint)
-    llm = LLM(str(checkpoint), quant="int4", calibrate=False)  # the grid above: no importance
+    registry = load_registry()
+    registry.backends["torch-table"] = BackendEntry("torch-table", lambda: TorchBackend(head_quant=table))
+    llm = LLM(str(checkpoint), quant="int4", calibrate=False, backend="torch-table", registry=registry)
+    hf = hf_model_on_int4_grid(checkpoint, table)  # the same grid: no importance
+    for linear in llm.parts.executor.linears():  # tiles in float32: bf16 ones round products to 8 bits
+        if getattr(linear, "plan", None) is not None:
+            linear.plan = PathPlan(tuple(p.replace("tiles_bf16", "tiles_f32") for p in linear.plan.paths))
     kernels = native.load_kernels()
     tolerance = 0.25 if kernels is not None and kernels.int8_activations else 0.02
     assert_first_tokens_match(llm, hf, ("Hello, world!", "The quick brown fox", "1 2 3 4 5"), tolerance,

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from qwen_serve.backends.torch_cpu import kernel_choice, native
-from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Int8Linear
+from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Int6Linear, Int8Linear
 from qwen_serve.backends.torch_cpu.kv_storage import TorchKVStorage
 from qwen_serve.backends.torch_cpu.linear import DenseLinear
 from qwen_serve.backends.torch_cpu.native import Kernels, cpu_features, load_kernels
@@ -91,6 +91,30 @@ def test_int8_kernel_matches_torch_at_every_decode_size(name, out_features):
         y = layer(x)
         assert _rel(y, x @ reference_weight.T) < tolerance(VARIANTS[name]), rows
         assert torch.equal(layer(x[-1:]), y[-1:])
+
+
+@pytest.mark.skipif("avx512-vnni" not in VARIANTS, reason="the int6 kernel needs AVX-512 VNNI")
+@pytest.mark.parametrize("out_features", [37, 200])
+@pytest.mark.parametrize("in_features", [64, 192])
+def test_int6_kernel_matches_torch_at_every_decode_size(out_features, in_features):
+    w = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(out_features))
+    layer = Int6Linear(w, kernels=VARIANTS["avx512-vnni"])
+    reference_weight = layer.dequantize()
+    assert _rel(reference_weight, w) < 0.03
+    ids = torch.tensor([0, out_features - 1, 5, 5])
+    assert torch.equal(layer.lookup(ids), reference_weight[ids])
+    for rows in range(1, 17):
+        x = _activations(rows, in_features, seed=rows)
+        y = layer(x)
+        assert _rel(y, x @ reference_weight.T) < INT8_TOLERANCE, rows
+        assert torch.equal(layer(x[-1:]), y[-1:])
+    x = torch.randn(16, in_features, generator=torch.Generator().manual_seed(0))  # no outlier channel
+    assert _rel(layer(x), x @ reference_weight.T) < INT8_TOLERANCE / 3
+    # Exact but for float rounding, given the activations as the kernel rounds them (int8 per group of 64)
+    x = _activations(5, in_features, seed=9)
+    top = x.view(5, -1, 64).abs().amax(dim=2, keepdim=True)
+    rounded = (torch.round(x.view(5, -1, 64) * (127 / top)) * (top / 127)).view(5, in_features)
+    assert _rel(layer(x).double(), rounded.double() @ reference_weight.double().T) < 1e-6
 
 
 def bf16_variants() -> dict[str, Kernels]:

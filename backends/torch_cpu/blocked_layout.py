@@ -9,7 +9,12 @@ int4: codes uint8 [blocks, groups, 16 chunks, 16 rows, 2]: byte j of chunk c hol
 4c + j of its group in the low nibble and input 4c + 2 + j in the high one; scale and zero
 float16 [blocks, groups, 16]. Same bytes as the canonical layout, in another order.
 int8 (and bfloat16): codes [blocks, K / 2, 16 rows, 2 inputs]; int8's scale float32 [blocks * 16].
-float32: [blocks, K, 16 rows] (kernels/f32_avx512.cpp).
+int6: codes uint8 [blocks, groups, 4, 3, 64]: a group's 16 operands (inputs 4p .. 4p + 3 of its 16
+rows, 64 bytes; unsigned codes u = c + 32) by fours, operands 4h + k in 3 vectors: the first
+holding u & 15 of k = 0 (low halves) and u >> 2 of k = 1 (high halves), the second the same for
+k = 2 and 3, the third u & 3 of k = 1 and 3 in bits 0-1 and 2-3 and u >> 4 of k = 0 and 2 in bits
+4-5 and 6-7: the order in which the VNNI kernel reads them and rebuilds each operand with one
+bitwise select; scale float16 [blocks, groups, 16].
 Rows past N (to fill the last block) are zeros.
 """
 from __future__ import annotations
@@ -102,3 +107,34 @@ def block_int8(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, 
 
 def int8_rows(codes: torch.Tensor, scale: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return pair_rows(codes, ids).float() * scale[ids, None]
+
+
+INT6_GROUP_BYTES = 768
+
+
+def block_int6(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 codes [N, K] in -32..31 and float16 scales [N, K / 64] -> the blocked int6 layout."""
+    groups = codes.shape[1] // GROUP
+    unsigned = (_pad_rows(codes).to(torch.int16) + 32).to(torch.uint8)
+    # [block, group, h, k, row, 4 inputs]: operand 4h + k
+    u = unsigned.view(-1, BLOCK, groups, 4, 4, 4).permute(0, 2, 3, 4, 1, 5)
+    blocks = u.shape[0]
+    nibbles = torch.stack(((u[:, :, :, 0] & 0x0F) | ((u[:, :, :, 1] >> 2) << 4),
+                           (u[:, :, :, 2] & 0x0F) | ((u[:, :, :, 3] >> 2) << 4)), dim=3)
+    pairs = (u[:, :, :, 1] & 3) | ((u[:, :, :, 3] & 3) << 2) | ((u[:, :, :, 0] >> 4) << 4) | ((u[:, :, :, 2] >> 4) << 6)
+    packed = torch.cat((nibbles, pairs[:, :, :, None]), dim=3)  # [block, group, h, 3 vectors, row, 4]
+    return packed.reshape(blocks, groups, INT6_GROUP_BYTES).contiguous(), _pad_rows(scale).view(-1, BLOCK, groups).transpose(1, 2).contiguous()
+
+
+def int6_rows(codes: torch.Tensor, scale: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of a blocked int6 weight as float32 [len(ids), K]."""
+    block, lane = ids // BLOCK, ids % BLOCK
+    n, groups = len(ids), codes.shape[1]
+    picked = codes.view(-1, groups, 4, 3, BLOCK, 4)[block, :, :, :, lane, :]  # [n, group, h, 3 vectors, 4]
+    nibbles, pairs = picked[:, :, :, :2], picked[:, :, :, 2]
+    u = torch.stack(((nibbles[:, :, :, 0] & 0x0F) | (((pairs >> 4) & 3) << 4),
+                     ((nibbles[:, :, :, 0] >> 4) << 2) | (pairs & 3),
+                     (nibbles[:, :, :, 1] & 0x0F) | ((pairs >> 6) << 4),
+                     ((nibbles[:, :, :, 1] >> 4) << 2) | ((pairs >> 2) & 3)), dim=3)  # [n, group, h, k, 4]
+    signed = u.view(n, groups, GROUP).float() - 32
+    return (signed * scale[block, :, lane].float()[..., None]).view(n, -1)

@@ -14,7 +14,7 @@ whose candidates also include oneDNN's prepacked weight: a layout of its own, so
 for every row class or none, whichever's worst class lags least.
 
 ``QWEN_SERVE_KERNELS`` forces paths over the measured ones: ``int4=tiles_bf16``, or per row class
-``int4:193-512=tiles_f32,int8=kernel,bf16=onednn`` (kinds int4, int8 and bf16; onednn for bf16
+``int4:193-512=tiles_f32,int8=kernel,bf16=onednn`` (kinds int4, int6, int8 and bf16; onednn for bf16
 only and for all its rows; a path the CPU runs slowly, such as bf16 tiles without native bf16, is
 still correct).
 """
@@ -37,7 +37,7 @@ from qwen_serve.cpu import cpu_model
 from qwen_serve.errors import ModelLoadError
 from qwen_serve.quant.int4 import GROUP, Int4Weight
 
-from .int4_linear import Int4Linear, Int8Linear
+from .int4_linear import Int4Linear, Int6Linear, Int8Linear
 from .linear import DenseLinear, runs_bf16_column_kernel, runs_bf16_kernel
 from .native import Kernels, build_key, cpu_features, has_fast_bf16_matmul
 from .path_plan import CLASS_LABELS, ONEDNN, PATHS, ROW_CLASSES, PathPlan
@@ -45,7 +45,7 @@ from .tiles import Scratch
 
 log = logging.getLogger("qwen_serve.torch")
 ENV = "QWEN_SERVE_KERNELS"
-KINDS = ("int4", "int8", "bf16")
+KINDS = ("int4", "int6", "int8", "bf16")
 PROBE_ROWS = sorted({rows for bounds in ROW_CLASSES for rows in bounds})
 MAX_TIMED_WEIGHTS = 1 << 23  # a larger shape is timed on fewer of its output rows: cost is linear in them
 REPEATS = 5
@@ -75,10 +75,8 @@ def shape_key(kind: str, out_features: int, in_features: int) -> str:
 def kind_of(linear, kernels: Kernels | None) -> str | None:
     """The kind of plan a layer takes: quantized ones, and bf16 ones not yet packed (prepack()
     lays them out as their plan says) wherever the blocked bf16 kernel runs."""
-    if type(linear) is Int4Linear:
-        return "int4"
-    if type(linear) is Int8Linear:
-        return "int8"
+    if type(linear) in (Int4Linear, Int6Linear, Int8Linear):
+        return linear.kind
     if type(linear) is DenseLinear and linear.weight is not None and (
             runs_bf16_kernel(linear, kernels) or runs_bf16_column_kernel(linear, kernels)):
         return "bf16"
@@ -235,6 +233,9 @@ def _synthetic(kind: str, rows: int, cols: int, kernels: Kernels | None, plan: P
         weight = Int4Weight(rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8),
                             np.full((rows, groups), 0.01, np.float16), np.full((rows, groups), -0.08, np.float16))
         layer = Int4Linear(weight, scratch=Scratch(), kernels=kernels)
+    elif kind == "int6":
+        layer = Int6Linear(torch.from_numpy(rng.standard_normal((rows, cols), dtype=np.float32)), scratch=Scratch(),
+                           kernels=kernels)
     elif kind == "int8":
         layer = Int8Linear(torch.from_numpy(rng.standard_normal((rows, cols), dtype=np.float32)), scratch=Scratch(),
                            kernels=kernels)

@@ -24,6 +24,10 @@ void q4b_matmul_vnni8(const float* x, int64_t M, int64_t K, const uint8_t* codes
                       const uint16_t* zero, int64_t N, float* y);
 void q8b_matmul_vnni8(const float* x, int64_t M, int64_t K, const int8_t* codes, const float* scale, int64_t N,
                       float* y);
+// int6 rows with a float16 scale per row and group ([blocks, groups, 768] codes, [blocks, groups, 16]
+// scales: blocked_layout.block_int6), the tied embedding / lm_head where VNNI runs.
+void q6b_matmul_vnni8(const float* x, int64_t M, int64_t K, const uint8_t* codes, const uint16_t* scale, int64_t N,
+                      float* y);
 // A mixture-of-experts SwiGLU MLP on blocked int4 experts, VNNI (vnni8_avx512.cpp): out [T, H] =
 // sum over j of route[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = chosen[t, j] in [0, E).
 // table [E, 6]: the addresses of expert e's gate/up (2I rows, gate first) codes, scale and zero,

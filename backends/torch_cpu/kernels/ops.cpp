@@ -117,6 +117,21 @@ at::Tensor q8b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, const
   return y;
 }
 
+at::Tensor q6b_matmul_vnni8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, int64_t N) {
+  require_q4b(true);
+  // codes [blocks, groups, 768] uint8; scale [blocks, groups, 16] float16
+  TORCH_CHECK(codes.dim() == 3 && codes.size(2) == 768 && codes.is_contiguous() && codes.scalar_type() == at::kByte &&
+                  codes.size(0) == (N + 15) / 16 && scale.is_contiguous() && scale.element_size() == 2 &&
+                  scale.numel() == codes.size(0) * codes.size(1) * 16,
+              "codes must be the contiguous blocked int6 layout");
+  const int64_t K = codes.size(1) * 64;
+  check_activations(x, K);
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  qs::q6b_matmul_vnni8(x.data_ptr<float>(), x.size(0), K, codes.data_ptr<uint8_t>(), half_bits(scale), N,
+                       y.data_ptr<float>());
+  return y;
+}
+
 void require_bf16b(bool dot_bf16) {
   require("avx512bw", __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"));
   if (dot_bf16) require("avx512bf16", __builtin_cpu_supports("avx512bf16"));
@@ -740,6 +755,7 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("permute_groups", &permute_groups);
   m.def("q4b_matmul_avx512", &q4b_matmul_avx512);
   m.def("q8b_matmul_avx512", &q8b_matmul_avx512);
+  m.def("q6b_matmul_vnni8", &q6b_matmul_vnni8);
   m.def("q4b_unpack_avx512_(Tensor codes, Tensor scale, Tensor zero, int first, int stop, Tensor(a!) out) -> ()",
         &q4b_unpack_avx512_);
   m.def("paged_decode_avx512", &paged_decode_avx512);

@@ -160,6 +160,52 @@ __attribute__((noinline)) void q8_tile(const Activations8& a, int64_t m0, int64_
   for (int m = 0; m < MT; m++) _mm512_mask_storeu_ps(y + (m0 + m) * N + n0, keep, _mm512_mul_ps(acc[m], s));
 }
 
+// One block of 16 output rows of int6 ([groups][4][3 vectors], blocked_layout.block_int6) times MT
+// rows. The codes are c + 32, unsigned for vpdpbusd, and 32 times the activations' code sum is
+// taken off again, exact. Each operand (4 inputs x 16 rows) is one bitwise select of a nibble
+// vector (shifted by 2 for the odd ones, whose nibble holds the code's top 4 bits) and a bit-pair
+// vector masked to bits 0-1 and 4-5, so the other half of each byte falls away: 9 shifts, ands and
+// selects per 4 operands, no more than the int8 rows' permute and sign flip. One weight scale per
+// row and group (float16), as llama.cpp's Q6_K keeps its output layer: 6.25 bits a weight where
+// int8 rows take 8.
+template <int MT, int CHAINS = (MT == 1 ? 4 : MT == 2 ? 2 : 1)>
+__attribute__((noinline)) void q6_tile(const Activations8& a, int64_t m0, int64_t K, const uint8_t* block,
+                                       const uint16_t* scale, float* y, int64_t N, int64_t n0) {
+  const int64_t groups = K / GROUP;
+  const __m512i fields = _mm512_set1_epi8(0x33), low4 = _mm512_set1_epi8(0x0F), middle4 = _mm512_set1_epi8(0x3C);
+  constexpr int SELECT = 0xE4;  // vpternlogd: c ? a : b, bit by bit
+  __m512 acc[MT];
+  for (int m = 0; m < MT; m++) acc[m] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; g++) {
+    const uint8_t* wg = block + g * 768;
+    const int8_t* xg = a.q.data() + m0 * K + g * GROUP;
+    __m512i dot[MT][CHAINS];
+    for (int m = 0; m < MT; m++)
+      for (int k = 0; k < CHAINS; k++) dot[m][k] = _mm512_setzero_si512();
+    for (int h = 0; h < 4; h++) {  // operands 4h .. 4h + 3: inputs 16h .. 16h + 15
+      const __m512i nibbles0 = _mm512_loadu_si512(wg + h * 192), nibbles1 = _mm512_loadu_si512(wg + h * 192 + 64);
+      const __m512i pairs = _mm512_loadu_si512(wg + h * 192 + 128);
+      const __m512i even = _mm512_and_si512(pairs, fields), odd = _mm512_and_si512(_mm512_srli_epi16(pairs, 2), fields);
+      const __m512i ops[4] = {
+          _mm512_ternarylogic_epi32(nibbles0, even, low4, SELECT),
+          _mm512_ternarylogic_epi32(_mm512_srli_epi16(nibbles0, 2), even, middle4, SELECT),
+          _mm512_ternarylogic_epi32(nibbles1, odd, low4, SELECT),
+          _mm512_ternarylogic_epi32(_mm512_srli_epi16(nibbles1, 2), odd, middle4, SELECT)};
+      for (int k = 0; k < 4; k++)
+        for (int m = 0; m < MT; m++) dpbusd(dot[m][k % CHAINS], ops[k], broadcast4(xg + m * K + 16 * h + 4 * k));
+    }
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scale + g * 16)));
+    for (int m = 0; m < MT; m++) {
+      const int64_t i = (m0 + m) * groups + g;
+      for (int k = 1; k < CHAINS; k++) dot[m][0] = _mm512_add_epi32(dot[m][0], dot[m][k]);
+      const __m512i centered = _mm512_sub_epi32(dot[m][0], _mm512_set1_epi32(32 * a.qsum[i]));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(centered), _mm512_mul_ps(s, _mm512_set1_ps(a.scale[i])), acc[m]);
+    }
+  }
+  const __mmask16 keep = N - n0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (N - n0)) - 1);
+  for (int m = 0; m < MT; m++) _mm512_mask_storeu_ps(y + (m0 + m) * N + n0, keep, acc[m]);
+}
+
 // tile(b, m0, rows) for every block in [b_begin, b_end) and every TILE_ROWS rows of x.
 template <typename Tile>
 void each_tile(int64_t M, int64_t b_begin, int64_t b_end, Tile&& tile) {
@@ -190,6 +236,17 @@ void q8b_matmul_vnni8(const float* x, int64_t M, int64_t K, const int8_t* codes,
   at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t b_begin, int64_t b_end) {
     each_tile(M, b_begin, b_end, [&](int64_t b, int64_t m0, auto rows) {
       q8_tile<decltype(rows)::value>(a, m0, K, codes + b * K * 16, scale, y, N, b * 16, pairs);
+    });
+  });
+}
+
+void q6b_matmul_vnni8(const float* x, int64_t M, int64_t K, const uint8_t* codes, const uint16_t* scale, int64_t N,
+                      float* y) {
+  const Activations8 a = quantize8(x, M, K, false);
+  const int64_t groups = K / GROUP;
+  at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t b_begin, int64_t b_end) {
+    each_tile(M, b_begin, b_end, [&](int64_t b, int64_t m0, auto rows) {
+      q6_tile<decltype(rows)::value>(a, m0, K, codes + b * groups * 768, scale + b * groups * 16, y, N, b * 16);
     });
   });
 }

@@ -127,7 +127,7 @@ def test_int4_with_the_head_decodes_as_int4_without_it(checkpoint, tmp_path, mon
     however many come with it (under a busy CPU the timing once chose otherwise, and the outputs
     parted at the second token)."""
     monkeypatch.setenv("QWEN_SERVE_CACHE", str(tmp_path))  # measured here, not read from an earlier run
-    monkeypatch.setenv("QWEN_SERVE_KERNELS", "int4=kernel,int8=kernel")
+    monkeypatch.setenv("QWEN_SERVE_KERNELS", "int4=kernel,int6=kernel,int8=kernel")
     prompt = list(range(1, 30))
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     drafting = LLM(str(checkpoint), quant="int4", speculative="mtp", num_speculative_tokens=2)  # first: nothing cached

@@ -199,7 +199,7 @@ def test_int4_with_speculation_decodes_as_int4_without_it(tiny, tmp_path, monkey
     Both take the quantized kernels at every row count, as test_mtp's twin says why: the steps
     with drafts have more rows, whose paths are chosen by timing."""
     monkeypatch.setenv("QWEN_SERVE_CACHE", str(tmp_path))  # measured here, not read from an earlier run
-    monkeypatch.setenv("QWEN_SERVE_KERNELS", "int4=kernel,int8=kernel")
+    monkeypatch.setenv("QWEN_SERVE_KERNELS", "int4=kernel,int6=kernel,int8=kernel")
     spec = LLM(tiny, quant="int4", speculative="ngram", num_speculative_tokens=3)  # first: nothing cached yet
     plain = LLM(tiny, quant="int4")
     assert spec.parts.calibration == plain.parts.calibration == "by the activations of the calibration text"

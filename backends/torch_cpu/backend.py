@@ -56,7 +56,8 @@ class TorchBackend:
             raise ValueError(f"head_quant must be one of {', '.join(HEAD_QUANTS)}, got {head_quant!r}")
         # How the embedding / lm_head is stored under quant "int4". "auto": int6 where its VNNI
         # kernel runs (397 MB a token on Qwen3.5-2B's head instead of int8's 510), int8 elsewhere.
-        self.head_quant = head_quant if head_quant != "auto" else "int6" if _runs_int6() else "int8"
+        kernels = load_kernels()
+        self.head_quant = head_quant if head_quant != "auto" else "int6" if kernels and kernels.vnni8 else "int8"
 
     def load_model(self, checkpoint: Checkpoint, dtype: str = "float32", quant: str = "none",
                    importance: Mapping[str, np.ndarray] | None = None) -> DecoderModel:
@@ -124,11 +125,6 @@ class TorchBackend:
 
     def create_sampler(self) -> TorchSampler:
         return TorchSampler()
-
-
-def _runs_int6() -> bool:
-    kernels = load_kernels()
-    return kernels is not None and kernels.isa == "avx512" and kernels.vnni
 
 
 def _threads_from_env() -> int | None:

@@ -40,10 +40,12 @@ def block_int4(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     paired = quads[..., 0:2] | (quads[..., 2:4] << 4)
     blocked = paired.permute(0, 2, 3, 1, 4).contiguous()
 
-    def per_block(t) -> torch.Tensor:
-        return _pad_rows(torch.from_numpy(t)).view(-1, BLOCK, groups).transpose(1, 2).contiguous()
+    return blocked, _per_block(torch.from_numpy(weight.scale)), _per_block(torch.from_numpy(weight.zero))
 
-    return blocked, per_block(weight.scale), per_block(weight.zero)
+
+def _per_block(t: torch.Tensor) -> torch.Tensor:
+    """Per-row, per-group values [N, groups] -> [blocks, groups, 16 rows] (scales, zero points)."""
+    return _pad_rows(t).view(-1, BLOCK, t.shape[1]).transpose(1, 2).contiguous()
 
 
 def unblock_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, rows: int) -> Int4Weight:
@@ -123,7 +125,7 @@ def block_int6(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, 
                            (u[:, :, :, 2] & 0x0F) | ((u[:, :, :, 3] >> 2) << 4)), dim=3)
     pairs = (u[:, :, :, 1] & 3) | ((u[:, :, :, 3] & 3) << 2) | ((u[:, :, :, 0] >> 4) << 4) | ((u[:, :, :, 2] >> 4) << 6)
     packed = torch.cat((nibbles, pairs[:, :, :, None]), dim=3)  # [block, group, h, 3 vectors, row, 4]
-    return packed.reshape(blocks, groups, INT6_GROUP_BYTES).contiguous(), _pad_rows(scale).view(-1, BLOCK, groups).transpose(1, 2).contiguous()
+    return packed.reshape(blocks, groups, INT6_GROUP_BYTES).contiguous(), _per_block(scale)
 
 
 def int6_rows(codes: torch.Tensor, scale: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

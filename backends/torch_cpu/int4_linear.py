@@ -30,8 +30,8 @@ ROWS_PER_PASS = 8192  # rows quantized at a time, so a 151936-row embedding need
 class _QuantizedLinear:
     """y = x @ W.T + b: the small-batch kernel when there is one, else dequantized tiles + BLAS.
 
-    A subclass sets out_features, in_features, bias, scratch and kernels, and provides
-    _kernel_matmul(x) and _fill_tile(start, stop, out), plus _prepare_tiled(x) when its tiles
+    A subclass sets kind, out_features, in_features, bias, scratch and kernels, and provides
+    _kernel_matmul(x), _fill_tile(start, stop, out) and lookup(ids), plus _prepare_tiled(x) when its tiles
     hold the columns in another order than x, or _tile(start, stop, dtype) when it can write a
     tile in the GEMM's dtype itself. ``plan`` says which path takes how many rows: by default the
     kernel every time (tiles where there is none) until a model sets the measured one.
@@ -62,6 +62,10 @@ class _QuantizedLinear:
 
     def _prepare_tiled(self, x: torch.Tensor) -> torch.Tensor:
         return x
+
+    def dequantize(self) -> torch.Tensor:
+        """W as float32 [out_features, in_features], through the subclass's lookup(ids)."""
+        return self.lookup(torch.arange(self.out_features))
 
     def _tiled_matmul(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """y = x @ W.T with W dequantized one tile of rows at a time into the shared scratch."""
@@ -159,9 +163,6 @@ class Int4Linear(_QuantizedLinear):
         groups = codes.view(len(ids), -1, GROUP).float()
         return (groups * scale[..., None] + zero[..., None]).view(len(ids), self.in_features)
 
-    def dequantize(self) -> torch.Tensor:
-        return self.lookup(torch.arange(self.out_features))
-
     def nbytes(self) -> int:
         stored = self.codes.numel() + 2 * (self.scale.numel() + self.zero.numel())  # blocked: with padding rows
         return stored + (0 if self.bias is None else self.bias.numel() * 4)
@@ -210,9 +211,6 @@ class Int8Linear(_QuantizedLinear):
             return blocked.int8_rows(self.codes, self.scale, ids)
         return self.codes.index_select(0, ids).float() * self.scale.index_select(0, ids)[:, None]
 
-    def dequantize(self) -> torch.Tensor:
-        return self.lookup(torch.arange(self.out_features))
-
     def nbytes(self) -> int:
         return self.codes.numel() + 4 * self.scale.numel() + (0 if self.bias is None else self.bias.numel() * 4)
 
@@ -248,7 +246,7 @@ class Int6Linear(_QuantizedLinear):
         self.bias = None if bias is None else bias.float()
         self.scratch = scratch or Scratch()
         loaded = load_kernels() if kernels == "auto" else kernels
-        self.kernels = loaded if loaded is not None and loaded.isa == "avx512" and loaded.vnni else None
+        self.kernels = loaded if loaded is not None and loaded.vnni8 else None
         self.plan = self._default_plan()
 
     def streamed_tensors(self) -> tuple[str, ...]:
@@ -262,9 +260,6 @@ class Int6Linear(_QuantizedLinear):
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         return blocked.int6_rows(self.codes, self.scale, ids)
-
-    def dequantize(self) -> torch.Tensor:
-        return self.lookup(torch.arange(self.out_features))
 
     def nbytes(self) -> int:
         return self.codes.numel() + 2 * self.scale.numel() + (0 if self.bias is None else self.bias.numel() * 4)

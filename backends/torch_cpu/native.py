@@ -59,6 +59,12 @@ class Kernels:
         return getattr(self.ops, f"{name}_{self.isa}")
 
     @property
+    def vnni8(self) -> bool:
+        """Whether the VNNI kernels of vnni8_avx512.cpp run here (AVX-512 with VNNI): the int6
+        table's only kernel."""
+        return self.isa == "avx512" and self.vnni
+
+    @property
     def int8_activations(self) -> bool:
         """Whether the int4 and int8 decode kernels round the activations to int8 per group of 64
         (~0.6% relative error on a matmul; int16 otherwise, ~1e-4): the VNNI kernels, and AVX2's

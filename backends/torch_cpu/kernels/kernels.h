@@ -24,8 +24,9 @@ void q4b_matmul_vnni8(const float* x, int64_t M, int64_t K, const uint8_t* codes
                       const uint16_t* zero, int64_t N, float* y);
 void q8b_matmul_vnni8(const float* x, int64_t M, int64_t K, const int8_t* codes, const float* scale, int64_t N,
                       float* y);
-// int6 rows with a float16 scale per row and group ([blocks, groups, 768] codes, [blocks, groups, 16]
-// scales: blocked_layout.block_int6), the tied embedding / lm_head where VNNI runs.
+// int6 rows with a float16 scale per row and group ([blocks, groups, Q6_GROUP_BYTES] codes, [blocks,
+// groups, 16] scales: blocked_layout.block_int6), the tied embedding / lm_head where VNNI runs.
+constexpr int64_t Q6_GROUP_BYTES = 768;  // 16 rows x 64 inputs x 6 bits
 void q6b_matmul_vnni8(const float* x, int64_t M, int64_t K, const uint8_t* codes, const uint16_t* scale, int64_t N,
                       float* y);
 // A mixture-of-experts SwiGLU MLP on blocked int4 experts, VNNI (vnni8_avx512.cpp): out [T, H] =

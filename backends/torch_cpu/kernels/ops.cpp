@@ -119,8 +119,8 @@ at::Tensor q8b_matmul_avx512(const at::Tensor& x, const at::Tensor& codes, const
 
 at::Tensor q6b_matmul_vnni8(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale, int64_t N) {
   require_q4b(true);
-  // codes [blocks, groups, 768] uint8; scale [blocks, groups, 16] float16
-  TORCH_CHECK(codes.dim() == 3 && codes.size(2) == 768 && codes.is_contiguous() && codes.scalar_type() == at::kByte &&
+  // codes [blocks, groups, Q6_GROUP_BYTES] uint8; scale [blocks, groups, 16] float16
+  TORCH_CHECK(codes.dim() == 3 && codes.size(2) == qs::Q6_GROUP_BYTES && codes.is_contiguous() && codes.scalar_type() == at::kByte &&
                   codes.size(0) == (N + 15) / 16 && scale.is_contiguous() && scale.element_size() == 2 &&
                   scale.numel() == codes.size(0) * codes.size(1) * 16,
               "codes must be the contiguous blocked int6 layout");

@@ -177,7 +177,7 @@ __attribute__((noinline)) void q6_tile(const Activations8& a, int64_t m0, int64_
   __m512 acc[MT];
   for (int m = 0; m < MT; m++) acc[m] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; g++) {
-    const uint8_t* wg = block + g * 768;
+    const uint8_t* wg = block + g * Q6_GROUP_BYTES;
     const int8_t* xg = a.q.data() + m0 * K + g * GROUP;
     __m512i dot[MT][CHAINS];
     for (int m = 0; m < MT; m++)
@@ -246,7 +246,7 @@ void q6b_matmul_vnni8(const float* x, int64_t M, int64_t K, const uint8_t* codes
   const int64_t groups = K / GROUP;
   at::parallel_for(0, (N + 15) / 16, 1, [&](int64_t b_begin, int64_t b_end) {
     each_tile(M, b_begin, b_end, [&](int64_t b, int64_t m0, auto rows) {
-      q6_tile<decltype(rows)::value>(a, m0, K, codes + b * groups * 768, scale + b * groups * 16, y, N, b * 16);
+      q6_tile<decltype(rows)::value>(a, m0, K, codes + b * groups * Q6_GROUP_BYTES, scale + b * groups * 16, y, N, b * 16);
     });
   });
 }

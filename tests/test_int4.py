@@ -117,6 +117,8 @@ def test_rejects_widths_that_are_not_whole_groups():
 # --- the torch layers, against x @ dequantize(W).T in numpy -------------------------------------
 
 torch = pytest.importorskip("torch")
+from float32_tiles import use_float32_tiles  # noqa: E402
+
 from qwen_serve.backends.torch_cpu.int4_linear import Int4Linear, Int6Linear, Int8Linear  # noqa: E402
 from qwen_serve.backends.torch_cpu.native import load_kernels  # noqa: E402
 from qwen_serve.backends.torch_cpu.path_plan import PathPlan  # noqa: E402
@@ -295,11 +297,7 @@ def test_int4_model_equals_transformers_on_the_dequantized_weights(qwen3_tiny, m
     monkeypatch.setenv(native.DISABLE_ENV, disabled)
     llm = LLM(str(qwen3_tiny), quant="int4", calibrate=False)  # the quantization below: no importance
     hf = hf_model_on_int4_grid(qwen3_tiny, table_kind(llm))
-    # Prefill tiles in float32, as on CPUs without native bf16: bf16 tiles round products to 8
-    # bits (~0.04 on this random model's logprobs); their effect on quality is check 6's to judge.
-    for linear in llm.parts.executor.linears():
-        if hasattr(linear, "plan"):
-            linear.plan = PathPlan(tuple(p.replace("tiles_bf16", "tiles_f32") for p in linear.plan.paths))
+    use_float32_tiles(llm)
     kernels = llm.parts.executor.layers[0].mixer.qkv.linear.kernels
     # int8 activations: ~0.6% relative error per matmul (the kernels are exact otherwise: 6e-8 from
     # the same rounded activations), up to 0.047 on this model's top-5 logprobs with the int8 table,

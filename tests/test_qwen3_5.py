@@ -10,6 +10,7 @@ from functools import lru_cache
 
 import pytest
 import torch
+from float32_tiles import use_float32_tiles
 
 from qwen_serve import LLM, SamplingParams
 from qwen_serve.backends.torch_cpu import delta_rule
@@ -275,7 +276,6 @@ def test_int4_equals_transformers_on_the_int4_grid(checkpoint, monkeypatch, disa
     0.5 on the MoE layout)."""
     from qwen_serve.backends.torch_cpu import native
     from qwen_serve.backends.torch_cpu.backend import TorchBackend
-    from qwen_serve.backends.torch_cpu.path_plan import PathPlan
     from qwen_serve.conformance.reference import assert_first_tokens_match, hf_model_on_int4_grid
     from qwen_serve.registry import BackendEntry, load_registry
 
@@ -284,9 +284,7 @@ def test_int4_equals_transformers_on_the_int4_grid(checkpoint, monkeypatch, disa
     registry.backends["torch-table"] = BackendEntry("torch-table", lambda: TorchBackend(head_quant=table))
     llm = LLM(str(checkpoint), quant="int4", calibrate=False, backend="torch-table", registry=registry)
     hf = hf_model_on_int4_grid(checkpoint, table)  # the same grid: no importance
-    for linear in llm.parts.executor.linears():  # tiles in float32: bf16 ones round products to 8 bits
-        if getattr(linear, "plan", None) is not None:
-            linear.plan = PathPlan(tuple(p.replace("tiles_bf16", "tiles_f32") for p in linear.plan.paths))
+    use_float32_tiles(llm)
     kernels = native.load_kernels()
     tolerance = 0.25 if kernels is not None and kernels.int8_activations else 0.02
     assert_first_tokens_match(llm, hf, ("Hello, world!", "The quick brown fox", "1 2 3 4 5"), tolerance,

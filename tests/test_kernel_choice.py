@@ -260,21 +260,24 @@ def test_forcing_a_kernel_this_machine_cannot_run_is_an_error(choices_dir, monke
         choose_paths([Int4Linear(int4.quantize(np.ones((16, 64), np.float32)), kernels=None)], None)
 
 
-def test_the_delta_rule_block_is_the_fastest_timed_and_kept_with_the_choices(choices_dir, monkeypatch):
-    """Every candidate block is timed once per machine; a layer takes the fastest, read back from
-    the file after (synthetic timings there decide), and the kernel table shows them."""
+@pytest.mark.parametrize("in_kernels", [False, True], ids=["torch solve", "C++ solve"])
+def test_the_delta_rule_block_is_the_fastest_timed_and_kept_with_the_choices(choices_dir, monkeypatch, in_kernels):
+    """Every candidate block is timed once per machine and solve; a layer takes the fastest, read
+    back from the file after (synthetic timings there decide), and the kernel table shows them. The
+    timings with torch's solve and with the C++ one are kept apart: the layers use one or the other."""
     from qwen_serve.backends.torch_cpu import delta_block
 
-    block, seconds = delta_block.choose_block(2, 8, 16)
+    kernels = KERNELS.ops if in_kernels else None
+    block, seconds = delta_block.choose_block(2, 8, 16, kernels)
     assert set(seconds) == set(delta_block.CANDIDATES) and seconds[block] == min(seconds.values())
     stored = kernel_choice.read_timings(kernel_choice.choices_file())
-    key = delta_block.shape_key(2, 8, 16)
-    assert stored[key][delta_block.PATH] == seconds
+    key, path = delta_block.shape_key(2, 8, 16), delta_block.PATHS[in_kernels]
+    assert list(stored[key]) == [path] and stored[key][path] == seconds
     slowest = max(delta_block.CANDIDATES, key=seconds.get)
-    stored[key][delta_block.PATH] = {b: (0.001 if b == slowest else 0.002) for b in delta_block.CANDIDATES}
+    stored[key][path] = {b: (0.001 if b == slowest else 0.002) for b in delta_block.CANDIDATES}
     kernel_choice.write_timings(kernel_choice.choices_file(), stored)
     monkeypatch.setattr(delta_block, "_time", lambda *args: pytest.fail("measured again"))
-    again, _ = delta_block.choose_block(2, 8, 16)
+    again, _ = delta_block.choose_block(2, 8, 16, kernels)
     assert again == slowest
-    line = delta_block.describe(2, 8, 16, stored[key][delta_block.PATH], again)
+    line = delta_block.describe(2, 8, 16, stored[key][path], again)
     assert f"{slowest}: 1.0*" in line and line.count("*") == 1

@@ -136,9 +136,28 @@ def test_a_sliding_window_cache_is_refused(checkpoint):
 
 
 # --- the delta rule's two forms against transformers' float reference ---------------------------
+def built_kernels():
+    """The C++ kernels (the test skips where they are not built)."""
+    from qwen_serve.backends.torch_cpu.native import load_kernels
+
+    kernels = load_kernels()
+    if kernels is None:
+        pytest.skip("the C++ kernels are not built on this machine")
+    return kernels
+
+
+def block_solve(name: str):
+    """The chunked form's triangular solve: LAPACK's through torch, or the C++ kernel."""
+    from qwen_serve.backends.torch_cpu.gated_deltanet import kernel_solve
+
+    return delta_rule.solve_in_torch if name == "torch" else kernel_solve(built_kernels().ops)
+
+
+@pytest.mark.parametrize("solve", ["torch", "C++"])
 @pytest.mark.parametrize("length,heads,key_dim,value_dim,block", [
-    (1, 2, 8, 8, 64), (5, 2, 16, 8, 16), (64, 3, 16, 16, 64), (150, 4, 32, 16, 64), (200, 2, 8, 32, 16)])
-def test_chunked_and_recurrent_forms_equal_the_reference(length, heads, key_dim, value_dim, block):
+    (1, 2, 8, 8, 64), (5, 2, 16, 8, 16), (64, 3, 16, 16, 64), (150, 4, 32, 16, 64), (200, 2, 8, 32, 16),
+    (100, 2, 128, 128, 32)])
+def test_chunked_and_recurrent_forms_equal_the_reference(length, heads, key_dim, value_dim, block, solve):
     """And the chunked form's states after any token (prefix-cache snapshots) equal the recurrent form's."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
@@ -154,7 +173,8 @@ def test_chunked_and_recurrent_forms_equal_the_reference(length, heads, key_dim,
     chunked_state = initial.clone()
     wanted = sorted({1, length // 3 + 1, block, length} & set(range(1, length + 1)))  # inside and at block ends
     snapshots = torch.full((len(wanted), heads, key_dim, value_dim), float("nan"))
-    chunked = delta_rule.chunked(chunked_state, q, k, v, g, beta, block, snapshots=list(zip(wanted, snapshots)))
+    chunked = delta_rule.chunked(chunked_state, q, k, v, g, beta, block, snapshots=list(zip(wanted, snapshots)),
+                                 solve=block_solve(solve))
     stepped_state, states_after = initial.clone()[None], {}
     stepped = []
     for t in range(length):
@@ -168,6 +188,18 @@ def test_chunked_and_recurrent_forms_equal_the_reference(length, heads, key_dim,
     for out, state in ((chunked, chunked_state), (stepped, stepped_state[0])):
         torch.testing.assert_close(out, expected[0], rtol=1e-5, atol=2e-5)
         torch.testing.assert_close(state, expected_state[0], rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("heads,n,cols", [(1, 1, 3), (2, 5, 7), (16, 32, 256), (3, 64, 100), (4, 17, 64)])
+def test_the_kernels_triangular_solve_equals_lapacks(heads, n, cols):
+    """Columns in whole groups of 64 and a remainder; the diagonal and upper triangle are not read."""
+    generator = torch.Generator().manual_seed(n)
+    system = torch.randn(heads, n, n, generator=generator) / n ** 0.5
+    rhs = torch.randn(heads, n, cols, generator=generator)
+    expected = delta_rule.solve_in_torch(system, rhs)
+    unread = torch.full((n, n), float("nan")).triu()
+    got = block_solve("C++")((system.tril(-1) + unread).contiguous(), rhs.clone())
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_the_convolution_carries_its_history_across_chunks():
@@ -187,11 +219,7 @@ def test_the_convolution_carries_its_history_across_chunks():
 # --- the C++ decode step against the same step in torch ops --------------------------------------
 def small_layer_and_kernels(key_heads: int, value_heads: int):
     """A small Gated DeltaNet layer's kind and the built kernels (the test skips where they are not)."""
-    from qwen_serve.backends.torch_cpu.native import load_kernels
-
-    kernels = load_kernels()
-    if kernels is None:
-        pytest.skip("the C++ kernels are not built on this machine")
+    kernels = built_kernels()
     return GatedDeltaNet(num_key_heads=key_heads, num_value_heads=value_heads, key_dim=16, value_dim=32,
                          conv_kernel=4), kernels
 

@@ -16,28 +16,30 @@ import time
 import torch
 
 from . import delta_rule
-from .gated_deltanet import GatedDeltaNetLayer
+from .gated_deltanet import GatedDeltaNetLayer, kernel_solve
 from .kernel_choice import choices_file, read_timings, write_timings
 
 CANDIDATES = (16, 32, 64, 128)
 TIMED_TOKENS = 256
 SNAPSHOT_EVERY = 16  # the default KV block: with prefix caching on, a state is kept at each block boundary
 REPEATS = 3
-PATH = "chunked"
+PATHS = {False: "chunked", True: "chunked, C++ solve"}  # by whether the C++ kernels run: the timings differ
 
 
 def shape_key(heads: int, key_dim: int, value_dim: int) -> str:
     return f"delta_rule {heads}x{key_dim}x{value_dim}"
 
 
-def choose_block(heads: int, key_dim: int, value_dim: int) -> tuple[int, dict[int, float]]:
-    """(the fastest block, seconds per candidate) for this head geometry, measured once per machine."""
-    path, key = choices_file(), shape_key(heads, key_dim, value_dim)
+def choose_block(heads: int, key_dim: int, value_dim: int, kernels=None) -> tuple[int, dict[int, float]]:
+    """(the fastest block, seconds per candidate) for this head geometry, measured once per machine
+    with the triangular solve the layers use (kernels: torch.ops.qwen_serve, or None)."""
+    path, key, name = choices_file(), shape_key(heads, key_dim, value_dim), PATHS[kernels is not None]
     stored = read_timings(path)
-    seconds = stored.get(key, {}).get(PATH)
+    seconds = stored.get(key, {}).get(name)
     if seconds is None or set(seconds) != set(CANDIDATES):
-        seconds = {block: _time(block, heads, key_dim, value_dim) for block in CANDIDATES}
-        stored[key] = {PATH: seconds}
+        solve = delta_rule.solve_in_torch if kernels is None else kernel_solve(kernels)
+        seconds = {block: _time(block, heads, key_dim, value_dim, solve) for block in CANDIDATES}
+        stored.setdefault(key, {})[name] = seconds
         write_timings(path, stored)
     return min(seconds, key=seconds.get), seconds
 
@@ -48,7 +50,7 @@ def describe(heads: int, key_dim: int, value_dim: int, seconds: dict[int, float]
 
 
 @torch.inference_mode()
-def _time(block: int, heads: int, key_dim: int, value_dim: int) -> float:
+def _time(block: int, heads: int, key_dim: int, value_dim: int, solve: delta_rule.Solve) -> float:
     generator = torch.Generator().manual_seed(0)
     q, k = (torch.nn.functional.normalize(torch.randn(TIMED_TOKENS, heads, key_dim, generator=generator), dim=-1)
             for _ in range(2))
@@ -60,13 +62,14 @@ def _time(block: int, heads: int, key_dim: int, value_dim: int) -> float:
     for _ in range(REPEATS):
         state = torch.zeros(heads, key_dim, value_dim)
         started = time.perf_counter()
-        delta_rule.chunked(state, q, k, v, g, beta, block, snapshots)
+        delta_rule.chunked(state, q, k, v, g, beta, block, snapshots, solve)
         best = min(best, time.perf_counter() - started)
     return best
 
 
-def choose_delta_blocks(layers) -> dict[tuple[int, int, int], tuple[int, dict[int, float]]]:
-    """Set the block of every Gated DeltaNet layer among the decoder layers `layers`; returns
+def choose_delta_blocks(layers, kernels=None) -> dict[tuple[int, int, int], tuple[int, dict[int, float]]]:
+    """Set the block of every Gated DeltaNet layer among the decoder layers `layers` (kernels: the
+    Kernels loaded, or None); returns
     {(value heads, key_dim, value_dim): (block, seconds per candidate)}."""
     chosen: dict[tuple[int, int, int], tuple[int, dict[int, float]]] = {}
     for layer in layers:
@@ -74,6 +77,6 @@ def choose_delta_blocks(layers) -> dict[tuple[int, int, int], tuple[int, dict[in
             kind = layer.mixer.kind
             geometry = (kind.num_value_heads, kind.key_dim, kind.value_dim)
             if geometry not in chosen:
-                chosen[geometry] = choose_block(*geometry)
+                chosen[geometry] = choose_block(*geometry, None if kernels is None else kernels.ops)
             layer.mixer.block = chosen[geometry][0]
     return chosen

@@ -13,12 +13,20 @@ instead of one rank-1 update per token; then
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 DEFAULT_BLOCK = 64  # tokens per block of the chunked form until delta_block.py has timed this CPU
+# (system [H, n, n], rhs [H, n, c]) -> (I + the strictly lower triangle of system)^-1 rhs; it may
+# overwrite rhs (the C++ one does: gated_deltanet.kernel_solve)
+Solve = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def solve_in_torch(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """The block's unit lower-triangular solve through LAPACK."""
+    return torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
 
 
 def causal_conv(history: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,23 +56,24 @@ def recurrent_step(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
 
 
 def chunked(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-            beta: torch.Tensor, block: int = DEFAULT_BLOCK, snapshots: Sequence[tuple[int, torch.Tensor]] = ()) -> torch.Tensor:
+            beta: torch.Tensor, block: int = DEFAULT_BLOCK, snapshots: Sequence[tuple[int, torch.Tensor]] = (),
+            solve: Solve = solve_in_torch) -> torch.Tensor:
     """One sequence's n tokens: state [H, dk, dv] (updated in place), q, k [n, H, dk], v [n, H, dv],
     g, beta [n, H] -> outputs [n, H, dv]. snapshots: (count, into) pairs in increasing count,
     1 <= count <= n: the state after that many tokens is written into `into` [H, dk, dv] (where
-    the caller keeps it, so nothing is copied twice)."""
+    the caller keeps it, so nothing is copied twice). solve: each block's triangular solve."""
     q, k, v = (t.transpose(0, 1) for t in (q, k, v))  # [H, n, d]
     g, beta = g.t(), beta.t()  # [H, n]
     out = torch.empty_like(v)
     for first in range(0, q.shape[1], block):
         rows = slice(first, min(first + block, q.shape[1]))
         inside = [(count - first, into) for count, into in snapshots if first < count <= rows.stop]
-        out[:, rows] = _block(state, q[:, rows], k[:, rows], v[:, rows], g[:, rows], beta[:, rows], inside)
+        out[:, rows] = _block(state, q[:, rows], k[:, rows], v[:, rows], g[:, rows], beta[:, rows], inside, solve)
     return out.transpose(0, 1)
 
 
 def _block(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-           beta: torch.Tensor, snapshots: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+           beta: torch.Tensor, snapshots: list[tuple[int, torch.Tensor]], solve: Solve) -> torch.Tensor:
     """One block; writes the states after each snapshot's count of its tokens: after j tokens,
     exp(G_j) S_0 + (exp(G_j - G_i) k_i)^T U'_i summed over i < j."""
     n = q.shape[1]
@@ -74,7 +83,7 @@ def _block(state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     decays = torch.where(lower, gaps, float("-inf")).exp()  # exp(G_i - G_j) for j <= i, else 0
     system = beta.unsqueeze(-1) * (k @ k.transpose(-1, -2)) * decays  # the diagonal is ignored below
     rhs = beta.unsqueeze(-1) * torch.cat([v, cumulative.exp().unsqueeze(-1) * k], dim=-1)
-    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    solved = solve(system, rhs)
     writes = solved[..., :v.shape[-1]] - solved[..., v.shape[-1]:] @ state  # U' [H, n, dv]
     out = (cumulative.exp().unsqueeze(-1) * q) @ state + ((q @ k.transpose(-1, -2)) * decays) @ writes
     for j, into in snapshots:

@@ -179,10 +179,20 @@ def chunk_in_kernel(kind: GatedDeltaNet, kernels, conv_by_tap: torch.Tensor, out
         history_after(history, mixed, rows, histories[into])
     convolved = kernels.gated_delta_conv_(mixed, conv_by_tap, history, kind.num_key_heads, kind.key_dim)
     q, k, v = heads_of(kind, convolved)
-    out = delta_rule.chunked(state, q, k, v, g, beta, block,
-                             [(rows, states[into]) for rows, into in snapshots]).reshape(mixed.shape[0], -1)
+    out = delta_rule.chunked(state, q, k, v, g, beta, block, [(rows, states[into]) for rows, into in snapshots],
+                             kernel_solve(kernels)).reshape(mixed.shape[0], -1)
     kernels.gated_delta_gate_(out, z, out_norm, eps)
     return out
+
+
+def kernel_solve(kernels) -> delta_rule.Solve:
+    """The chunked rule's triangular solve by the C++ operator (torch.ops.qwen_serve), in place
+    where rhs is contiguous (a product with the transposed beta may come out in another order)."""
+    def solve(system: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+        rhs = rhs.contiguous()
+        kernels.unit_lower_solve_(system.contiguous(), rhs)
+        return rhs
+    return solve
 
 
 def history_after(history: torch.Tensor, inputs: torch.Tensor, rows: int, into: torch.Tensor) -> None:

@@ -60,7 +60,7 @@ class DecoderModel:
         # each packed shape's path per row count (a bf16 projection's layout too), then the layouts
         multiplied = [linear for linear in self.linears() if linear is not self.embed or linear is self.lm_head]
         self.kernel_choices = choose_paths(multiplied, kernels)
-        self.delta_blocks = delta_block.choose_delta_blocks(self.built_layers())
+        self.delta_blocks = delta_block.choose_delta_blocks(self.built_layers(), kernels)
         for linear in [linear for layer in self.built_layers() for linear in layer.linears()]:
             if isinstance(linear, DenseLinear):
                 linear.prepack(kernels)

@@ -105,4 +105,7 @@ void gated_delta_conv(const float* mixed, int64_t mixed_stride, int64_t T, int64
 // multiplied by SiLU(z) (z [T, Hv dv], rows z_stride apart), as the decode step ends.
 void gated_delta_gate(float* out, const float* z, int64_t z_stride, int64_t T, int64_t Hv, int64_t dv,
                       const float* norm_weight, float eps);
+// The chunked delta rule's writes: per head h < H, rhs[h] [n, cols] <- (I + L)^-1 rhs[h] in place,
+// L the strictly lower triangle of system[h] [n, n] (its diagonal and upper triangle are not read).
+void unit_lower_solve(const float* system, int64_t H, int64_t n, float* rhs, int64_t cols);
 }  // namespace qs

@@ -746,6 +746,17 @@ void gated_delta_gate_(at::Tensor out, const at::Tensor& z, const at::Tensor& no
                        norm_weight.data_ptr<float>(), static_cast<float>(eps));
 }
 
+// The chunked delta rule's triangular solve (kernels.h): system [H, n, n] and rhs [H, n, cols], both
+// contiguous float32; rhs is overwritten by (I + strictly lower(system))^-1 rhs.
+void unit_lower_solve_(const at::Tensor& system, at::Tensor rhs) {
+  check_rows(system, "system");
+  check_rows(rhs, "rhs");
+  TORCH_CHECK(system.dim() == 3 && system.size(1) == system.size(2), "system must be [heads, n, n]");
+  TORCH_CHECK(rhs.dim() == 3 && rhs.size(0) == system.size(0) && rhs.size(1) == system.size(1),
+              "rhs must be [heads, n, cols] for system [heads, n, n]");
+  qs::unit_lower_solve(system.data_ptr<float>(), system.size(0), system.size(1), rhs.data_ptr<float>(), rhs.size(2));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(qwen_serve, m) {
@@ -779,6 +790,7 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("gated_delta_conv_(Tensor mixed, Tensor conv_weight, Tensor(a!) history, int key_heads, int key_dim) "
         "-> Tensor", &gated_delta_conv_);
   m.def("gated_delta_gate_(Tensor(a!) out, Tensor z, Tensor norm_weight, float eps) -> ()", &gated_delta_gate_);
+  m.def("unit_lower_solve_(Tensor system, Tensor(a!) rhs) -> ()", &unit_lower_solve_);
   m.def("decode_layers_(Tensor(a!) hidden, Tensor x, int[] mixers, Tensor[] weights, Tensor(b!)[] key_caches, "
         "Tensor(c!)[] value_caches, Tensor(d!)[] conv_states, Tensor(e!)[] states, Tensor cos, Tensor sin, "
         "Tensor slots, Tensor block_tables, Tensor lengths, Tensor state_slots, Tensor fresh, Tensor step_rows, "

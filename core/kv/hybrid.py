@@ -12,8 +12,9 @@ state at the hit's last position. The executor copies the state at every block b
 prefill chunk into a snapshot slot (``snapshot_slots``); publishing the sequence's blocks files
 each snapshot under the chained hash of the block ending there, so a later prompt's hit backs off
 to the deepest boundary that has a snapshot, copies it into its live slot and computes on from
-from there. Snapshots take at most snapshot_slots slots, least recently used evicted first; live
-slots never wait for them.
+from there. Snapshots take at most snapshot_slots slots, least recently used evicted first but
+for the landmarks every 512 tokens, which go after the rest (snapshot_index.py); live slots never
+wait for them.
 
 Rewinding (RewindingHybridCache, when the wrapped cache rewinds and draft_slots > 0): a state
 cannot be undone, so a chunk that ends in k speculative drafts also leaves the state after each
@@ -22,7 +23,6 @@ rewinding to one copies it into the live slot, and every draft slot goes back. E
 sequence has draft_slots of them reserved, so a step never waits for one."""
 from __future__ import annotations
 
-from collections import OrderedDict
 from functools import cache
 from typing import Any, Sequence
 
@@ -40,6 +40,7 @@ from ..protocols import (
     StateStorage,
 )
 from .block_hash import ROOT_HASH, chain_hashes
+from .snapshot_index import LANDMARK_TOKENS, SnapshotIndex
 
 
 class HybridCache:
@@ -54,7 +55,8 @@ class HybridCache:
         self._live: dict[int, int] = {}
         self._pending: dict[int, dict[int, int]] = {}  # seq -> {position: slot} written, not yet published
         self._drafts: dict[int, tuple[int, dict[int, int]]] = {}  # seq -> (its chunk's end, {position: slot})
-        self._snapshots: OrderedDict[bytes, int] = OrderedDict()  # block hash -> slot, least recently used first
+        self._snapshots = SnapshotIndex(snapshot_slots)  # block hash -> slot
+        self._landmark_every = max(1, LANDMARK_TOKENS // self.block_size) * self.block_size  # tokens
         self._chains: dict[int, list[bytes]] = {}  # seq -> hashes of its full blocks (as far as published)
         self.state_hit_tokens = 0  # what hits served (a hit backed off below evicted blocks matches twice in kv)
         if isinstance(kv, LossyKV):
@@ -113,18 +115,20 @@ class HybridCache:
         """(position, slot) for each block boundary in (start, stop] that gets a snapshot: the
         executor copies the sequence's state after that many tokens into the slot (none where
         prefixes are not cached: no snapshot slots). num_draft: the chunk ends in that many
-        drafts (a cache that rewinds adds the positions a rewind may return to)."""
+        drafts (a cache that rewinds adds the positions a rewind may return to). Where slots run
+        short, the landmarks go first, then the boundaries from the chunk's end back."""
         if not self.snapshot_capacity:
             return []
         taken = []
         first = -(-(start + 1) // self.block_size) * self.block_size
-        for position in range(first, stop + 1, self.block_size):
-            slot = self._take_snapshot_slot()
+        boundaries = range(stop // self.block_size * self.block_size, first - 1, -self.block_size)
+        for position in sorted(boundaries, key=lambda p: p % self._landmark_every != 0):  # stable: landmarks first
+            slot = self._take_snapshot_slot(landmark=position % self._landmark_every == 0)
             if slot is None:
                 break
             self._pending.setdefault(seq_id, {})[position] = slot
             taken.append((position, slot))
-        return taken
+        return sorted(taken)
 
     # --- slots --------------------------------------------------------------------------
     def _take_live(self, seq_id: int) -> bool:
@@ -136,11 +140,11 @@ class HybridCache:
         self._live[seq_id] = slot
         return True
 
-    def _take_snapshot_slot(self) -> int | None:
+    def _take_snapshot_slot(self, landmark: bool) -> int | None:
         held = len(self._snapshots) + sum(map(len, self._pending.values()))
         if held < self.snapshot_capacity:  # then a slot is free beyond what live sequences may still take
             return self._take(evict=False)
-        return self._evict()  # at its share: the least recently used snapshot's slot, if any
+        return self._snapshots.evict(for_landmark=landmark)  # at its share: another snapshot's slot, if any
 
     def _take(self, evict: bool) -> int | None:
         if self._free:
@@ -150,9 +154,7 @@ class HybridCache:
         return self._evict() if evict else None
 
     def _evict(self) -> int | None:
-        if not self._snapshots:
-            return None
-        return self._snapshots.popitem(last=False)[1]
+        return self._snapshots.evict(for_landmark=True)
 
     def _release(self, slot: int) -> None:
         self._free.append(slot)
@@ -225,9 +227,7 @@ class PrefixCachingHybridCache(HybridCache):
         if seq_id not in self._live and not self._take_live(seq_id):
             self.kv.free(seq_id)
             return 0
-        snapshot = self._snapshots[hashes[blocks - 1]]
-        self._snapshots.move_to_end(hashes[blocks - 1])
-        self.state_storage.copy_slot(snapshot, self._live[seq_id])
+        self.state_storage.copy_slot(self._snapshots.use(hashes[blocks - 1]), self._live[seq_id])
         self._chains[seq_id] = hashes[:blocks]
         self.state_hit_tokens += blocks * self.block_size
         return blocks * self.block_size
@@ -246,9 +246,9 @@ class PrefixCachingHybridCache(HybridCache):
             slot, block_hash = pending.pop(position), chain[position // self.block_size - 1]
             if block_hash in self._snapshots:  # another sequence computed the same prefix first
                 self._release(slot)
-                self._snapshots.move_to_end(block_hash)
+                self._snapshots.use(block_hash)
             else:
-                self._snapshots[block_hash] = slot
+                self._snapshots.add(block_hash, slot, landmark=position % self._landmark_every == 0)
 
 
 class DescribingHybridCache(HybridCache):

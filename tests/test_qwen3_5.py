@@ -116,6 +116,25 @@ def test_abort_returns_the_state_slot(checkpoint):
     assert usage.states_used == usage.state_snapshots and usage.used == usage.cached
 
 
+@pytest.mark.parametrize("path", ["torch", "torch per op", "mlx"])
+def test_a_next_turn_resumes_inside_the_reply(checkpoint, path):
+    """Decoding leaves a state snapshot at each block end it passes, as prefilling does: a next
+    turn that sends the prompt and its reply back resumes at the reply's last block end, and its
+    tokens are still transformers'."""
+    llm = LLM(str(checkpoint), backend="mlx" if path == "mlx" else "torch", chunk_size=32)
+    if path == "torch per op":
+        llm.parts.executor.fused = None
+    first = prompts(llm)[0]
+    reply = llm.generate([first], SamplingParams(max_tokens=40, ignore_eos=True))[0].token_ids
+    follow = first + reply + llm.tokenizer.encode(" and then")
+    cache = llm.parts.cache
+    before = cache.state_hit_tokens
+    out = llm.generate([follow], SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))[0]
+    block = cache.block_size
+    assert len(first) < block and cache.state_hit_tokens - before == (len(first) + len(reply) - 1) // block * block > 0
+    assert out.token_ids == reference(checkpoint, tuple(follow))
+
+
 def test_greedy_on_mlx_equals_transformers(checkpoint):
     """Twice: the second time every prompt longer than a block hits the prefix cache, through a
     state snapshot the MLX layer wrote."""

@@ -433,6 +433,41 @@ def test_fused_decode_layers_verify_drafts_on_a_gated_deltanet_hybrid(tmp_path_f
                          speculative="mtp", num_speculative_tokens=3)
 
 
+@needs_avx512
+def test_the_fused_decode_keeps_the_snapshots_a_next_turn_resumes_from(tmp_path_factory, monkeypatch):
+    """Decoding past a block end leaves a prefix-cache snapshot of the state there; inside the
+    fused op as on the per-op path: a next turn sending the reply back resumes at its last block
+    end and goes on as the per-op model does (a state never written there would not)."""
+    from qwen_serve import LLM, SamplingParams
+    from qwen_serve.backends.torch_cpu.fused_decode import FusedDecode
+    from qwen_serve.conformance.models import LinearAttentionGeometry, Qwen3Geometry, make_qwen3_5_checkpoint
+
+    monkeypatch.setenv(kernel_choice.ENV, "int4=kernel")
+    geometry = Qwen3Geometry(num_hidden_layers=4, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=64)  # widths the blocked int4 layout takes
+    linear = LinearAttentionGeometry(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                                     linear_value_head_dim=32, full_attention_interval=2)
+    path = make_qwen3_5_checkpoint(tmp_path_factory.mktemp("qwen3.5-next-turn"), geometry, linear, seed=3)
+    fused_calls = []
+    real_call = FusedDecode.__call__
+    monkeypatch.setattr(FusedDecode, "__call__", lambda self, *args: fused_calls.append(1) or real_call(self, *args))
+    results = []
+    for fused in (True, False):
+        llm = LLM(str(path), quant="int4", calibrate=False, chunk_size=32)
+        if not fused:
+            llm.parts.executor.fused = None
+        first = llm.tokenizer.encode("The quick brown fox")
+        params = SamplingParams(max_tokens=40, ignore_eos=True)
+        reply = llm.generate([first], params)[0].token_ids
+        before = llm.parts.cache.state_hit_tokens
+        follow = first + reply + llm.tokenizer.encode(" and then")
+        results.append((reply, llm.generate([follow], params)[0].token_ids, llm.parts.cache.state_hit_tokens - before))
+        if fused:
+            assert fused_calls, "the fused op never ran"
+    block = llm.parts.cache.block_size
+    assert results[0] == results[1] and results[0][2] == (len(first) + 39) // block * block > 0
+
+
 def _fused_equals_per_op(path, monkeypatch, one_token_prompt: bool = False, drafts: bool = False,
                          **options) -> None:
     from qwen_serve import LLM, SamplingParams

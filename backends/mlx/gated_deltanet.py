@@ -79,17 +79,17 @@ class GatedDeltaNetLayer:
                 for t in (q, k))
         q = q * kind.key_dim ** -0.5
         v = v.reshape(*v.shape[:2], kind.num_value_heads, kind.value_dim)
-        snapshots = chunks[0].snapshots if len(chunks) == 1 else ()  # (rows in, slot)
         outputs = []
         for t in range(n):
             state = state * mx.exp(g[:, t])[..., None, None]
             predicted = (state * k[:, t, :, :, None]).sum(axis=2)  # S^T k: [B, H, value_dim]
             state = state + k[:, t, :, :, None] * (beta[:, t, :, None] * (v[:, t] - predicted))[:, :, None, :]
             outputs.append((state * q[:, t, :, :, None]).sum(axis=2))
-            taken = [slot for rows, slot in snapshots if rows == t + 1]
-            if taken:  # the history after t + 1 rows: the taps - 1 inputs before it
-                storage.write(index, taken, mx.repeat(window[:, t + 1:t + taps], len(taken), axis=0),
-                              mx.repeat(state, len(taken), axis=0))
+            for b, chunk in enumerate(chunks):  # (rows in, slot): the history after t + 1 rows is the taps - 1
+                taken = [slot for rows, slot in chunk.snapshots if rows == t + 1]  # inputs before it
+                if taken:
+                    storage.write(index, taken, mx.repeat(window[b:b + 1, t + 1:t + taps], len(taken), axis=0),
+                                  mx.repeat(state[b:b + 1], len(taken), axis=0))
         storage.write(index, slots, window[:, n:], state)
         return mx.stack(outputs, axis=1).reshape(-1, kind.num_value_heads, kind.value_dim)
 

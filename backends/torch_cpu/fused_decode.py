@@ -101,7 +101,7 @@ class FusedDecode:
             storage = cache.state_storage
             conv_states, states = storage.conv_history[:self.delta_layers], storage.recurrent[:self.delta_layers]
             state_slots, fresh = step.states.slots, step.states.fresh
-            if not step.states.decoding:
+            if not step.states.decoding or step.states.steps[0].copies:  # drafts, or snapshots to keep
                 state_slots, fresh, order = stepping_order(step.states)
         return self.kernels.ops.decode_layers_(
             hidden, x, self.mixers, self.weights, paged.storage.keys[:self.attention_layers],

@@ -134,7 +134,9 @@ class GatedDeltaNetLayer:
                          state=storage.recurrent[index], decay_rate=self.decay_rate, dt_bias=self.dt_bias,
                          norm_weight=self.out_norm, key_heads=kind.num_key_heads, eps=eps) if in_kernel else None
         if decode is not None and layout.decoding:  # row i is chunk i's one row: no gathers or scatters
-            return self.out_proj(decode(mixed, z, slots=layout.slots, fresh=layout.fresh, gates=gates))
+            out = decode(mixed, z, slots=layout.slots, fresh=layout.fresh, gates=gates)
+            copy_states(storage, index, layout, layout.steps[0])
+            return self.out_proj(out)
         a, b = gates.split(kind.num_value_heads, dim=-1)
         g = self.decay_rate * F.softplus(a + self.dt_bias)  # [T, value heads], the log of each decay
         beta = torch.sigmoid(b)
@@ -146,9 +148,7 @@ class GatedDeltaNetLayer:
             else:
                 out[rows] = in_torch_ops(kind, self.conv_by_tap.t(), self.out_norm, storage, index, slots, step_rows.fresh,
                                          mixed[rows], z[rows], g[rows], beta[rows], eps, chunked=False)
-            if step_rows.copies:  # states a rewind may return to, or prefix-cache snapshots
-                held = storage.read(index, layout.slots[[chunk for chunk, _ in step_rows.copies]])
-                storage.write(index, torch.tensor([slot for _, slot in step_rows.copies]), *held)
+            copy_states(storage, index, layout, step_rows)
         for i in layout.chunked:
             rows = layout.rows[i]
             if in_kernel:
@@ -183,6 +183,14 @@ def chunk_in_kernel(kind: GatedDeltaNet, kernels, conv_by_tap: torch.Tensor, out
                              kernel_solve(kernels)).reshape(mixed.shape[0], -1)
     kernels.gated_delta_gate_(out, z, out_norm, eps)
     return out
+
+
+def copy_states(storage, index: int, layout: StateLayout, step_rows: DecodeStep) -> None:
+    """After a step's rows, layer `index`'s states that step_rows.copies keeps (states a rewind may
+    return to, or prefix-cache snapshots) copied into their slots."""
+    if step_rows.copies:
+        held = storage.read(index, layout.slots[[chunk for chunk, _ in step_rows.copies]])
+        storage.write(index, torch.tensor([slot for _, slot in step_rows.copies]), *held)
 
 
 def kernel_solve(kernels) -> delta_rule.Solve:

@@ -261,13 +261,11 @@ class DescribingHybridCache(HybridCache):
 
 
 def chunk_snapshots(cache: RecurrentState, chunk: ScheduledChunk) -> list[tuple[int, int]]:
-    """(rows of the chunk, slot) for each state a prefill chunk leaves for the prefix cache (the
-    state after that many of its rows goes into slot); none for a decode. Every backend's
-    per-step layout asks this once per chunk."""
-    n = len(chunk.token_ids)
-    if n == 1:
-        return []
-    taken = cache.snapshot_slots(chunk.seq_id, chunk.start, chunk.start + n, chunk.num_draft)
+    """(rows of the chunk, slot) for each state a chunk leaves for the prefix cache (the state
+    after that many of its rows goes into slot): a decode's one row too, where it ends a block, so
+    a next turn that sends the reply back resumes after it. Every backend's per-step layout asks
+    this once per chunk."""
+    taken = cache.snapshot_slots(chunk.seq_id, chunk.start, chunk.start + len(chunk.token_ids), chunk.num_draft)
     return sorted((p - chunk.start, slot) for p, slot in taken)
 
 

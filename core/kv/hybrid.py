@@ -9,10 +9,10 @@ shared the way a full KV block is.
 
 Prefix caching (PrefixCachingHybridCache, when the wrapped cache has it): a state holds a whole prefix, so a hit needs the
 state at the hit's last position. The executor copies the state at every block boundary inside a
-prefill chunk into a snapshot slot (``snapshot_slots``); publishing the sequence's blocks files
+chunk, prefill or decode, into a snapshot slot (``snapshot_slots``); publishing the sequence's blocks files
 each snapshot under the chained hash of the block ending there, so a later prompt's hit backs off
 to the deepest boundary that has a snapshot, copies it into its live slot and computes on from
-from there. Snapshots take at most snapshot_slots slots, least recently used evicted first but
+there. Snapshots take at most snapshot_slots slots, least recently used evicted first but
 for the landmarks every 512 tokens, which go after the rest (snapshot_index.py); live slots never
 wait for them.
 

@@ -58,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prefix-cache", action="store_true")
     p.add_argument("--state-cache-mib", type=int, default=DEFAULTS.state_cache_mib, metavar="MIB",
                    help="a model with linear attention (Qwen3.5, Qwen3-Next): memory for the prefix cache's "
-                        "recurrent states at block boundaries, least recently used evicted first "
-                        f"(default {DEFAULTS.state_cache_mib})")
+                        "recurrent states at block boundaries, least recently used evicted first, those every "
+                        f"512 tokens last (default {DEFAULTS.state_cache_mib})")
     p.add_argument("--batching", choices=BATCHING_MODES, default=DEFAULTS.batching,
                    help="continuous (default) or static: admit a new batch only when the last one finished")
     p.add_argument("--served-model-name", default=None, help="model name the API reports and accepts")

@@ -410,6 +410,36 @@ def test_fused_decode_layers_on_a_gated_deltanet_hybrid(tmp_path_factory, monkey
     _fused_equals_per_op(path, monkeypatch, kv_cache="paged", dtype=dtype, quant=quant, one_token_prompt=True)
 
 
+@pytest.mark.skipif("avx512-vnni" not in VARIANTS, reason="the experts' kernel needs AVX-512 VNNI")
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"])
+def test_fused_decode_layers_on_a_mixture_of_experts(tmp_path_factory, monkeypatch, family):
+    """Mixture-of-experts layers inside the one call: Qwen3-MoE with a dense layer among them and
+    routing weights left as the softmax gives them; Qwen3.5-MoE with Gated DeltaNet layers, its
+    weights renormalized and a gated shared expert. Same tokens and logprobs to the bit."""
+    from qwen_serve.conformance.models import (
+        LinearAttentionGeometry,
+        MoeRouting,
+        Qwen3Geometry,
+        make_qwen3_5_checkpoint,
+        make_qwen3_moe_checkpoint,
+    )
+
+    geometry = Qwen3Geometry(num_hidden_layers=4, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=64)  # widths the blocked int4 layout takes
+    directory = tmp_path_factory.mktemp(family)
+    if family == "qwen3_moe":
+        routing = MoeRouting(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=False,
+                             mlp_only_layers=(1,))
+        path = make_qwen3_moe_checkpoint(directory, routing, geometry, seed=3)
+    else:
+        linear = LinearAttentionGeometry(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                                         linear_value_head_dim=32, full_attention_interval=2)
+        routing = MoeRouting(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=64)
+        path = make_qwen3_5_checkpoint(directory, geometry, linear, seed=3, family="moe", routing=routing,
+                                       shared_expert_size=128)
+    _fused_equals_per_op(path, monkeypatch, kv_cache="paged", dtype="float32", quant="int4")
+
+
 @needs_avx512
 def test_fused_decode_layers_verify_drafts_on_a_gated_deltanet_hybrid(tmp_path_factory, monkeypatch):
     """Steps whose chunks carry drafts (the checkpoint's MTP head's) take the fused call too: each
@@ -572,6 +602,20 @@ def test_fused_layer_steps_match_their_torch_form(rows):
         torch.testing.assert_close(fused.sigmoid_mul(attended.clone(), gate), attended * torch.sigmoid(gate))
     with pytest.raises(RuntimeError, match="alike"):
         fused.ops.sigmoid_mul_(torch.randn(rows, 8), torch.randn(rows, 9))
+    for experts, top_k in ((8, 2), (128, 8)):  # a mixture's routing: the experts chosen, their weights
+        logits = torch.randn(rows, experts) * 3
+        for normalize in (False, True):
+            weights, chosen = fused.route_top_k(logits, top_k, normalize)
+            expected_weights, expected_chosen = plain.route_top_k(logits, top_k, normalize)
+            assert torch.equal(chosen, expected_chosen)
+            torch.testing.assert_close(weights, expected_weights)
+    tied = torch.zeros(rows, 8)  # equal probabilities: the lower index first, as a stable sort
+    assert fused.route_top_k(tied, 3, True)[1].tolist() == [[0, 1, 2]] * rows
+    with pytest.raises(RuntimeError, match="top_k"):
+        fused.route_top_k(tied, 9, True)
+    out, shared, shared_gate = torch.randn(rows, 96), torch.randn(rows, 96), torch.randn(rows, 1) * 3
+    expected = plain.add_sigmoid_gated(out, shared, shared_gate)
+    torch.testing.assert_close(fused.add_sigmoid_gated(out.clone(), shared, shared_gate), expected)
     overlapping = torch.randn(1, 4, 32).expand(max(rows, 2), 4, 32)  # rows sharing memory: refused
     cos, sin = torch.ones(len(overlapping), 32), torch.zeros(len(overlapping), 32)
     with pytest.raises(RuntimeError, match="overlap"):

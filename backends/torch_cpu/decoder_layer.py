@@ -151,23 +151,15 @@ class SparseMoELayer:
         return []
 
     def __call__(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
-        weights, chosen = route(self.router, x, self.kind.top_k, self.kind.normalize_top_k)
+        # float32 throughout (the router: a float32 linear layer)
+        weights, chosen = ops.route_top_k(self.router(x.float()), self.kind.top_k, self.kind.normalize_top_k)
         if self.fused is not None and self.fused.takes(chosen):
             out = self.fused(x, weights, chosen)
         else:
             out = run_experts_grouped(self.experts, x, weights, chosen, ops)
         if self.shared is not None:
-            out += torch.sigmoid(self.shared_gate(x.float())) * self.shared(x, ops)
+            out = ops.add_sigmoid_gated(out, self.shared(x, ops), self.shared_gate(x.float()))
         return out
-
-
-def route(router, x: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights, experts) [T, top_k]: the top_k experts by softmax probability, most probable
-    first, their probabilities renormalized to sum to 1 when `normalize`. float32 throughout
-    (router: a float32 linear layer)."""
-    probs = torch.softmax(router(x.float()), dim=-1)
-    weights, chosen = torch.topk(probs, top_k, dim=-1)
-    return (weights / weights.sum(dim=-1, keepdim=True) if normalize else weights), chosen
 
 
 def run_experts_grouped(experts: list, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor,

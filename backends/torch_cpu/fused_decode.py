@@ -1,11 +1,12 @@
 """Every decoder layer of a step without prefill chunks in one kernel call (``decode_layers_`` in
 kernels/ops.cpp), for models whose projections all run the AVX-512 kernels on their blocked
-layouts (int4, or bfloat16 where the CPU has no AMX) over the backend's own paged KV storage and,
-for Gated DeltaNet layers, its own state storage: decode and the verification of drafts, where the
-~11 calls per layer and the Python around them took about a seventh of a Qwen3-0.6B step and more
-of a Qwen3.5-0.8B one (py-spy, Zen 4). The op runs the same kernels in the same order as the
-per-op path of model.py, so both give the same bits; any other step (a prefill chunk, a cache read
-through the Protocols, a watched projection) keeps the per-op path.
+layouts (int4, or bfloat16 where the CPU has no AMX; a mixture's experts int4 with VNNI) over the
+backend's own paged KV storage and, for Gated DeltaNet layers, its own state storage: decode and
+the verification of drafts, where the ~11 calls per layer (a mixture of experts: ~8 more) and the
+Python around them took about a seventh of a Qwen3-0.6B step and more of a Qwen3.5-0.8B one
+(py-spy, Zen 4). The op runs the same kernels in the same order as the per-op path of model.py,
+so both give the same bits; any other step (a prefill chunk, a cache read through the Protocols,
+a watched projection) keeps the per-op path.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from functools import partial
 
 import torch
 
-from .decoder_layer import AttentionLayer, DenseMLPLayer
+from .decoder_layer import AttentionLayer, DenseMLPLayer, SparseMoELayer
 from .gated_deltanet import GatedDeltaNetLayer
 from .int4_linear import Int4Linear
 from .linear import DenseLinear
@@ -21,17 +22,25 @@ from .native import Kernels
 from .state_storage import TorchStateStorage
 
 ATTENTION, GATED_DELTA = 0, 1  # the op's mixer kinds
+DENSE, EXPERTS = 0, 1  # and MLP kinds
 
 
 class FusedDecode:
     def __init__(self, layers: list, kernels: Kernels) -> None:
         self.kernels = kernels
         self.layers = layers
-        self.linears = [tuple(layer.linears()) for layer in layers]
+        self.linears = [_watched(layer) for layer in layers]
         # the int4 layers: their plans (read per step, as the layers read them; a model sets them
-        # after this is built) say how many rows the kernels take; the bf16 kernel takes any number
+        # after this is built) say how many rows the kernels take; the bf16 kernel takes any number.
+        # A layer's experts are all of one shape, so of one plan: the first one's stand for them
         self.quantized = [lin for lins in self.linears for lin in lins if isinstance(lin, Int4Linear)]
+        self.quantized += [lin for layer in layers if type(layer.mlp) is SparseMoELayer
+                           for lin in layer.mlp.experts[0].linears()]
         self.mixers = [ATTENTION if type(layer.mixer) is AttentionLayer else GATED_DELTA for layer in layers]
+        self.mlps = [EXPERTS if type(layer.mlp) is SparseMoELayer else DENSE for layer in layers]
+        moe = [layer.mlp for layer in layers if type(layer.mlp) is SparseMoELayer]
+        kind = moe[0].kind if moe else None
+        self.routing = (kind.top_k, kind.normalize_top_k, kind.intermediate_size) if kind else (0, False, 0)
         attentions = [layer.mixer for layer, kind in zip(layers, self.mixers) if kind == ATTENTION]
         deltas = [layer.mixer for layer, kind in zip(layers, self.mixers) if kind == GATED_DELTA]
         self.key_heads = deltas[0].kind.num_key_heads if deltas else 0
@@ -48,30 +57,41 @@ class FusedDecode:
             else:
                 mixed = [*_blocks(mixer.in_proj.linear, none), mixer.gates.blocked, mixer.conv_by_tap,
                          mixer.decay_rate, mixer.dt_bias, mixer.out_norm, *_blocks(mixer.out_proj, none)]
-            mlp = layer.mlp
-            self.weights += [layer.input_norm, *mixed, layer.post_norm, *_blocks(mlp.gate_up.linear, none),
-                             *_blocks(mlp.down_proj, none)]
+            self.weights += [layer.input_norm, *mixed, layer.post_norm, *_mlp_tensors(layer.mlp, none)]
         self.no_states = (none.long(), none.bool())
 
     @classmethod
     def for_layers(cls, layers: list, kernels: Kernels | None) -> "FusedDecode | None":
-        """The fused path when every layer is attention or Gated DeltaNet + a dense MLP (what the
-        op computes), the attention layers alike in their output gate, and every projection a
-        blocked int4 or bf16 layer without bias (a Gated DeltaNet layer's gates: the float32
-        kernel's), else None."""
+        """The fused path when every layer is attention or Gated DeltaNet + a dense MLP or a
+        mixture of experts (what the op computes), the attention layers alike in their output
+        gate, the experts' layers in their routing, and every projection a blocked int4 or bf16
+        layer without bias (a Gated DeltaNet layer's gates, a router and a shared expert's gate:
+        the float32 kernel's; the experts: int4 in one VNNI call, fused_experts.py), else None."""
         if kernels is None or kernels.isa != "avx512":
             return None
-        if not all(type(layer.mixer) in (AttentionLayer, GatedDeltaNetLayer) and type(layer.mlp) is DenseMLPLayer
-                   for layer in layers):
+        if not all(type(layer.mixer) in (AttentionLayer, GatedDeltaNetLayer) and
+                   type(layer.mlp) in (DenseMLPLayer, SparseMoELayer) for layer in layers):
             return None
         if len({layer.mixer.output_gate for layer in layers if type(layer.mixer) is AttentionLayer}) > 1:
             return None
+        moe = [layer.mlp for layer in layers if type(layer.mlp) is SparseMoELayer]
+        if len({(mlp.kind.top_k, mlp.kind.normalize_top_k, mlp.kind.intermediate_size, mlp.kind.num_experts)
+                for mlp in moe}) > 1:
+            return None
         for layer in layers:
-            projections = layer.mixer.linears()[:2] + layer.mlp.linears()
-            if type(layer.mixer) is GatedDeltaNetLayer:
-                gates = layer.mixer.gates
-                if gates.bias is not None or gates.kernels is not kernels or not gates.blocked_f32:
+            projections = layer.mixer.linears()[:2]
+            f32_gates = [layer.mixer.gates] if type(layer.mixer) is GatedDeltaNetLayer else []
+            if type(layer.mlp) is SparseMoELayer:
+                mlp = layer.mlp
+                if mlp.fused is None:
                     return None
+                f32_gates += [mlp.router] + ([mlp.shared_gate] if mlp.shared is not None else [])
+                projections += mlp.shared.linears() if mlp.shared is not None else []
+            else:
+                projections += layer.mlp.linears()
+            if any(gates.bias is not None or gates.kernels is not kernels or not gates.blocked_f32
+                   for gates in f32_gates):
+                return None
             for linear in projections:
                 if linear.bias is not None or linear.kernels is not kernels:
                     return None
@@ -87,7 +107,7 @@ class FusedDecode:
         return step.paged is not None and not step.prefills and \
             (not self.delta_layers or type(getattr(cache, "state_storage", None)) is TorchStateStorage) and \
             all(lin.plan.path(rows) == "kernel" for lin in self.quantized) and \
-            all(tuple(layer.linears()) == linears for layer, linears in zip(self.layers, self.linears))
+            all(_watched(layer) == linears for layer, linears in zip(self.layers, self.linears))
 
     def __call__(self, hidden: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step, cache,
                  config, scale: float) -> torch.Tensor:
@@ -104,11 +124,11 @@ class FusedDecode:
             if not step.states.decoding or step.states.steps[0].copies:  # drafts, or snapshots to keep
                 state_slots, fresh, order = stepping_order(step.states)
         return self.kernels.ops.decode_layers_(
-            hidden, x, self.mixers, self.weights, paged.storage.keys[:self.attention_layers],
+            hidden, x, self.mixers, self.mlps, self.weights, paged.storage.keys[:self.attention_layers],
             paged.storage.values[:self.attention_layers], conv_states, states,
             cos, sin, step.write_slots, paged.block_tables, paged.lengths, state_slots, fresh, *order,
             paged.storage.block_size, config.num_heads, config.num_kv_heads, config.head_dim, self.output_gate,
-            self.key_heads, config.rms_norm_eps, scale, self.kernels.vnni, self.kernels.bf16)
+            self.key_heads, *self.routing, config.rms_norm_eps, scale, self.kernels.vnni, self.kernels.bf16)
 
 
 def stepping_order(layout) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -127,6 +147,29 @@ def stepping_order(layout) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tens
     order = torch.cat([step_rows.rows for step_rows in steps])
     as_long = partial(torch.tensor, dtype=torch.long)
     return slots, fresh, (order, as_long(step_starts), as_long(copies).view(-1, 2), as_long(copy_starts))
+
+
+def _watched(layer) -> tuple:
+    """The projections calibration may swap for a recorder (which the op would not see): every
+    one of the layer's, but a mixture's experts, which fused_experts.py reads through their
+    addresses on either path."""
+    mlp = layer.mlp
+    if type(mlp) is not SparseMoELayer:
+        return tuple(layer.linears())
+    shared = ([mlp.shared_gate, *mlp.shared.linears()] if mlp.shared is not None else [])
+    return (*layer.mixer.linears(), mlp.router, *shared)
+
+
+def _mlp_tensors(mlp, none: torch.Tensor) -> list[torch.Tensor]:
+    """A dense MLP's gate/up and down blocks; a mixture's router, experts' table and shared expert
+    (seven empties without one), as the op takes them after post_norm."""
+    if type(mlp) is not SparseMoELayer:
+        return [*_blocks(mlp.gate_up.linear, none), *_blocks(mlp.down_proj, none)]
+    shared = [none] * 7
+    if mlp.shared is not None:
+        shared = [*_blocks(mlp.shared.gate_up.linear, none), *_blocks(mlp.shared.down_proj, none),
+                  mlp.shared_gate.blocked]
+    return [mlp.router.blocked, mlp.fused.table(), *shared]
 
 
 def _blocks(linear, none: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -88,3 +88,20 @@ class LayerOps:
             self.ops.sigmoid_mul_(x, gate)
             return x
         return x * torch.sigmoid(gate)
+
+    def route_top_k(self, logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, experts) [T, top_k] for router logits [T, n]: the top_k experts by softmax
+        probability, most probable first, their probabilities renormalized to sum to 1 when
+        `normalize`; float32. The fused pass is the one decode_layers_ routes with."""
+        if self.ops is not None and _fusable(logits) and logits.dim() == 2:
+            return self.ops.moe_route(logits, top_k, normalize)
+        weights, chosen = torch.topk(torch.softmax(logits.float(), dim=-1), top_k, dim=-1)
+        return (weights / weights.sum(dim=-1, keepdim=True) if normalize else weights), chosen
+
+    def add_sigmoid_gated(self, out: torch.Tensor, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """out + sigmoid(gate) * x for out, x [T, n] and gate [T, 1] (a shared expert and its
+        gate); the fused pass adds into out."""
+        if self.ops is not None and out.dim() == 2 and _fusable(out, x) and float_rows(gate):
+            self.ops.add_sigmoid_gated_(out, x, gate)
+            return out
+        return out + torch.sigmoid(gate) * x

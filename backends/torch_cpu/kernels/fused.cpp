@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
+#include <vector>
 
 #include "common.h"
 #include "kernels.h"
@@ -155,5 +157,38 @@ void sigmoid_mul(float* x, const float* gate, int64_t T, int64_t n, int64_t gate
 }
 
 void silu_row(float* x, int64_t n) { gate_row_kernel<Gate::silu>()(x, nullptr, 0, n, x); }
+
+void route_top_k(const float* logits, int64_t T, int64_t n, int64_t top_k, bool normalize, float* weights,
+                 int64_t* chosen) {
+  at::parallel_for(0, T, ROW_GRAIN, [&](int64_t b, int64_t e) {
+    std::vector<float> probability(n);
+    std::vector<int64_t> order(n);
+    for (int64_t t = b; t < e; t++) {
+      const float* row = logits + t * n;
+      const float top = *std::max_element(row, row + n);
+      float sum = 0.f;
+      for (int64_t i = 0; i < n; i++) sum += probability[i] = std::exp(row[i] - top);
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int64_t i, int64_t j) {
+        return probability[i] > probability[j] || (probability[i] == probability[j] && i < j);
+      });
+      float kept = 0.f;
+      for (int64_t j = 0; j < top_k; j++) {
+        chosen[t * top_k + j] = order[j];
+        kept += weights[t * top_k + j] = probability[order[j]] / sum;
+      }
+      if (normalize)
+        for (int64_t j = 0; j < top_k; j++) weights[t * top_k + j] /= kept;
+    }
+  });
+}
+
+void add_sigmoid_gated(float* out, const float* x, const float* gate, int64_t gate_stride, int64_t T, int64_t n) {
+  for (int64_t t = 0; t < T; t++) {
+    const float scale = 1.f / (1.f + std::exp(-gate[t * gate_stride]));
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) out[t * n + i] += scale * x[t * n + i];
+  }
+}
 
 }  // namespace qs

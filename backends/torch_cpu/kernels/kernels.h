@@ -81,6 +81,13 @@ void silu_mul(const float* gate, const float* up, int64_t T, int64_t n, int64_t 
               float* y);
 void sigmoid_mul(float* x, const float* gate, int64_t T, int64_t n, int64_t gate_stride);  // x [T, n] in place
 void silu_row(float* x, int64_t n);  // in place, one row (no threads)
+// A mixture of experts' routing: per row of logits [T, n], the top_k experts by softmax probability,
+// most probable first (ties: the lower index), into chosen [T, top_k], their probabilities into
+// weights [T, top_k], renormalized to sum to 1 with normalize.
+void route_top_k(const float* logits, int64_t T, int64_t n, int64_t top_k, bool normalize, float* weights,
+                 int64_t* chosen);
+// out [T, n] += sigmoid(gate[t]) * x [T, n] per row t (gate rows gate_stride apart): a gated shared expert.
+void add_sigmoid_gated(float* out, const float* x, const float* gate, int64_t gate_stride, int64_t T, int64_t n);
 
 // One decode step of Gated DeltaNet for B sequences (delta_rule.cpp), float32, the state updated in
 // place in the backend's storage: mixed [B, C] (rows mixed_stride apart) is in_proj_qkv's output,

@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <algorithm>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -383,6 +384,29 @@ at::Tensor q4b_moe_vnni8(const at::Tensor& x, const at::Tensor& chosen, const at
   return out;
 }
 
+// A mixture of experts' routing (kernels.h): logits [T, n] float32 -> (weights float32, chosen int64) [T, top_k].
+std::tuple<at::Tensor, at::Tensor> moe_route(const at::Tensor& logits, int64_t top_k, bool normalize) {
+  check_rows(logits, "logits");
+  TORCH_CHECK(logits.dim() == 2 && top_k > 0 && top_k <= logits.size(1), "logits must be [T, n] with top_k <= n");
+  const int64_t T = logits.size(0);
+  at::Tensor weights = at::empty({T, top_k}, logits.options());
+  at::Tensor chosen = at::empty({T, top_k}, logits.options().dtype(at::kLong));
+  qs::route_top_k(logits.data_ptr<float>(), T, logits.size(1), top_k, normalize, weights.data_ptr<float>(),
+                  chosen.data_ptr<int64_t>());
+  return {weights, chosen};
+}
+
+// out [T, n] += sigmoid(gate) * x, gate [T, 1] (rows at a stride of their own), all float32.
+void add_sigmoid_gated_(at::Tensor out, const at::Tensor& x, const at::Tensor& gate) {
+  check_rows(out, "out");
+  check_rows(x, "x");
+  check_strided_rows(gate, "gate");
+  TORCH_CHECK(out.dim() == 2 && x.sizes() == out.sizes() && gate.dim() == 2 && gate.size(0) == out.size(0) &&
+                  gate.size(1) == 1, "out and x must be [T, n] alike and gate [T, 1]");
+  qs::add_sigmoid_gated(out.data_ptr<float>(), x.data_ptr<float>(), gate.data_ptr<float>(), gate.stride(0),
+                        out.size(0), out.size(1));
+}
+
 // Gated DeltaNet's per-layer tensors as gated_delta_decode takes them (kernels.h), checked:
 // conv_weight [taps, C], conv_state [S, taps - 1, C], state [S, Hv, dk, dv], decay_rate and
 // dt_bias [Hv], norm_weight [dv], all contiguous float32, C = 2 key_heads dk + Hv dv.
@@ -468,8 +492,15 @@ int64_t check_steps(const at::Tensor& step_rows, const at::Tensor& step_starts, 
 // path of model.py, so the result is the same to the bit; what goes is the Python and the
 // dispatch around ~11 calls per layer (about a seventh of a single-stream Qwen3-0.6B step, and
 // ~15% of a Qwen3.5-0.8B one, py-spy). Layer l holds, in order, in weights:
-//   input_norm, its mixer's tensors (mixers[l]), post_norm, gate_up codes/scale/zero, down codes/scale/zero
-// where a mixer is
+//   input_norm, its mixer's tensors (mixers[l]), its MLP's tensors (mlps[l])
+// where an MLP is
+//   DENSE: post_norm, gate_up codes/scale/zero, down codes/scale/zero
+//   EXPERTS: post_norm, the router (float32 blocked [blocks, E, 16] of n experts' rows), the experts'
+//     table (int64 [n, 6]: q4b_moe_vnni8's, built from checked tensors the caller keeps alive), a
+//     shared expert's gate_up codes/scale/zero and down codes/scale/zero and its gate (float32
+//     blocked, one row), all seven empty without one; each row runs its top_k experts by softmax
+//     probability (normalize: their weights renormalized), each of expert_inter intermediate width
+// and a mixer is
 //   ATTENTION: qkv codes/scale/zero (q, k, v, then with output_gate the gate's columns), q_norm, k_norm,
 //     o codes/scale/zero; the i-th attention layer reads and writes key_caches[i], value_caches[i]
 //   GATED_DELTA: in_proj codes/scale/zero (the mixed channels, then z), gates (float32 blocked
@@ -486,26 +517,31 @@ int64_t check_steps(const at::Tensor& step_rows, const at::Tensor& step_starts, 
 // holds the residual before the last layer's MLP, which is returned (model.py adds it for sampled rows).
 constexpr int64_t ATTENTION = 0, GATED_DELTA = 1;
 constexpr int64_t MIXER_TENSORS[] = {8, 11};
-constexpr int64_t MLP_TENSORS = 7;
+constexpr int64_t DENSE = 0, EXPERTS = 1;
+constexpr int64_t MLP_TENSORS[] = {7, 10};
 
-at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayRef mixers, at::TensorList weights,
+at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayRef mixers, at::IntArrayRef mlps,
+                          at::TensorList weights,
                           at::TensorList key_caches, at::TensorList value_caches, at::TensorList conv_states,
                           at::TensorList states, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slots,
                           const at::Tensor& block_tables, const at::Tensor& lengths, const at::Tensor& state_slots,
                           const at::Tensor& fresh, const at::Tensor& step_rows, const at::Tensor& step_starts,
                           const at::Tensor& copies, const at::Tensor& copy_starts, int64_t block_size, int64_t heads,
-                          int64_t kv_heads, int64_t head_dim, bool output_gate, int64_t key_heads, double eps,
-                          double scale, bool vnni, bool dot_bf16) {
+                          int64_t kv_heads, int64_t head_dim, bool output_gate, int64_t key_heads, int64_t top_k,
+                          bool normalize, int64_t expert_inter, double eps, double scale, bool vnni, bool dot_bf16) {
   require("avx512f", __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"));
   const int64_t L = static_cast<int64_t>(mixers.size());
+  TORCH_CHECK(static_cast<int64_t>(mlps.size()) == L, "one MLP kind per layer");
   int64_t attention_layers = 0, delta_layers = 0, expected = 0;
-  for (const int64_t kind : mixers) {
-    TORCH_CHECK(kind == ATTENTION || kind == GATED_DELTA, "mixer kind ", kind, " is not 0 (attention) or 1 (Gated DeltaNet)");
-    (kind == ATTENTION ? attention_layers : delta_layers)++;
-    expected += 1 + MIXER_TENSORS[kind] + MLP_TENSORS;
+  for (int64_t l = 0; l < L; l++) {
+    TORCH_CHECK(mixers[l] == ATTENTION || mixers[l] == GATED_DELTA, "mixer kind ", mixers[l],
+                " is not 0 (attention) or 1 (Gated DeltaNet)");
+    TORCH_CHECK(mlps[l] == DENSE || mlps[l] == EXPERTS, "MLP kind ", mlps[l], " is not 0 (dense) or 1 (experts)");
+    (mixers[l] == ATTENTION ? attention_layers : delta_layers)++;
+    expected += 1 + MIXER_TENSORS[mixers[l]] + MLP_TENSORS[mlps[l]];
   }
   TORCH_CHECK(L > 0 && static_cast<int64_t>(weights.size()) == expected, "weights must hold ", expected,
-              " tensors for these mixers");
+              " tensors for these layers");
   TORCH_CHECK(static_cast<int64_t>(key_caches.size()) == attention_layers && value_caches.size() == key_caches.size(),
               "one key and value cache per attention layer");
   TORCH_CHECK(static_cast<int64_t>(states.size()) == delta_layers && conv_states.size() == states.size(),
@@ -531,7 +567,7 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayR
     return check_q4b_weight(w[0], w[1], w[2], N);
   };
   DeltaShape delta{};
-  int64_t inter = -1, offset = 0, delta_index = 0;
+  int64_t inter = -1, shared_inter = -1, experts = 0, offset = 0, delta_index = 0;
   for (int64_t l = 0; l < L; l++) {
     const at::Tensor* w = weights.data() + offset;  // input_norm, then the mixer's
     const at::Tensor* m = w + 1 + MIXER_TENSORS[mixers[l]];  // post_norm, gate_up, down
@@ -557,10 +593,34 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayR
       TORCH_CHECK(input_width(w + 9, E) == value_width, "layer ", l, ": out_proj does not fit");
     }
     check_weight(m[0], E);
-    if (inter < 0) inter = input_width(m + 4, E);  // the first down projection's
-    TORCH_CHECK(input_width(m + 1, 2 * inter) == E, "layer ", l, ": gate/up do not fit");
-    TORCH_CHECK(input_width(m + 4, E) == inter, "layer ", l, ": down_proj does not fit");
-    offset += 1 + MIXER_TENSORS[mixers[l]] + MLP_TENSORS;
+    if (mlps[l] == DENSE) {
+      if (inter < 0) inter = input_width(m + 4, E);  // the first down projection's
+      TORCH_CHECK(input_width(m + 1, 2 * inter) == E, "layer ", l, ": gate/up do not fit");
+      TORCH_CHECK(input_width(m + 4, E) == inter, "layer ", l, ": down_proj does not fit");
+    } else {
+      require_q4b(vnni);  // the experts' kernel
+      TORCH_CHECK(vnni, "the experts' kernel needs AVX-512 VNNI");
+      const at::Tensor& table = m[2];
+      TORCH_CHECK(table.dim() == 2 && table.size(1) == 6 && table.scalar_type() == at::kLong && table.is_contiguous(),
+                  "layer ", l, ": the experts' table must be int64 [experts, 6]");
+      TORCH_CHECK(experts == 0 || table.size(0) == experts, "layer ", l, ": every layer must have the first's experts");
+      experts = table.size(0);
+      TORCH_CHECK(top_k > 0 && top_k <= experts && expert_inter > 0 && expert_inter % 64 == 0 && E % 64 == 0,
+                  "top_k must be in [1, experts] and the experts' widths multiples of 64");
+      TORCH_CHECK(check_column_blocks(m[1], experts, at::kFloat) == E, "layer ", l,
+                  ": the router must be float32 blocked [blocks, E, 16] of one row per expert");
+      if (m[3].numel()) {
+        if (shared_inter < 0) shared_inter = input_width(m + 6, E);
+        TORCH_CHECK(input_width(m + 3, 2 * shared_inter) == E, "layer ", l, ": the shared gate/up do not fit");
+        TORCH_CHECK(input_width(m + 6, E) == shared_inter, "layer ", l, ": the shared down_proj does not fit");
+        TORCH_CHECK(check_column_blocks(m[9], 1, at::kFloat) == E, "layer ", l,
+                    ": the shared expert's gate must be float32 blocked [1, E, 16]");
+      } else {
+        for (int64_t j = 4; j < MLP_TENSORS[EXPERTS]; j++)
+          TORCH_CHECK(m[j].numel() == 0, "layer ", l, ": without a shared expert its tensors must be empty");
+      }
+    }
+    offset += 1 + MIXER_TENSORS[mixers[l]] + MLP_TENSORS[mlps[l]];
   }
   for (int64_t i = 0; i < attention_layers; i++)
     TORCH_CHECK(check_caches(key_caches[i], value_caches[i]) == check_caches(key_caches[0], value_caches[0]) &&
@@ -581,8 +641,11 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayR
   at::Tensor x = x0.clone(), in = at::empty({T, in_width}, options);
   at::Tensor mixed_out = at::empty({T, std::max(attention_layers ? n_q : 0, value_width)}, options);
   at::Tensor gates = at::empty({T, 2 * delta.value_heads}, options), o = at::empty({T, E}, options);
-  at::Tensor gate_up = at::empty({T, 2 * inter}, options), act = at::empty({T, inter}, options);
-  at::Tensor mlp = at::empty({T, E}, options);
+  const int64_t widest = std::max({inter, shared_inter, int64_t{0}});  // the dense and shared experts' intermediates
+  at::Tensor gate_up = at::empty({T, 2 * widest}, options), act = at::empty({T, widest}, options);
+  at::Tensor mlp = at::empty({T, E}, options), shared = at::empty({T, shared_inter > 0 ? E : 0}, options);
+  at::Tensor logits = at::empty({T, experts}, options), shared_gate = at::empty({T, 1}, options);
+  at::Tensor route = at::empty({T, top_k}, options), chosen = at::empty({T, top_k}, options.dtype(at::kLong));
   float *h = hidden.data_ptr<float>(), *xp = x.data_ptr<float>(), *inp = in.data_ptr<float>();
   float *outp = mixed_out.data_ptr<float>(), *op = o.data_ptr<float>();
   const float *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
@@ -664,11 +727,28 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayR
       project(w + 8, outp, value_width, E, op);
     }
     qs::add_rms_norm(h, op, T, E, m[0].data_ptr<float>(), f_eps, xp);
-    project(m + 1, xp, E, 2 * inter, gate_up.data_ptr<float>());
-    qs::silu_mul(gate_up.data_ptr<float>(), gate_up.data_ptr<float>() + inter, T, inter, 2 * inter, 2 * inter,
-                 act.data_ptr<float>());
-    project(m + 4, act.data_ptr<float>(), inter, E, mlp.data_ptr<float>());
-    offset += 1 + MIXER_TENSORS[mixers[l]] + MLP_TENSORS;
+    // down(silu(gate(xp)) * up(xp)) for gate/up and down at g (codes/scale/zero each) -> out
+    auto swiglu = [&](const at::Tensor* g, int64_t width, float* out) {
+      project(g, xp, E, 2 * width, gate_up.data_ptr<float>());
+      qs::silu_mul(gate_up.data_ptr<float>(), gate_up.data_ptr<float>() + width, T, width, 2 * width, 2 * width,
+                   act.data_ptr<float>());
+      project(g + 3, act.data_ptr<float>(), width, E, out);
+    };
+    if (mlps[l] == DENSE) {
+      swiglu(m + 1, inter, mlp.data_ptr<float>());
+    } else {  // as decoder_layer.SparseMoELayer: route, the chosen experts, the gated shared expert
+      qs::f32b_matmul_avx512(xp, T, E, m[1].data_ptr<float>(), experts, logits.data_ptr<float>());
+      qs::route_top_k(logits.data_ptr<float>(), T, experts, top_k, normalize, route.data_ptr<float>(),
+                      chosen.data_ptr<int64_t>());
+      qs::q4b_moe_vnni8(xp, T, E, top_k, chosen.data_ptr<int64_t>(), route.data_ptr<float>(),
+                        m[2].data_ptr<int64_t>(), experts, expert_inter, mlp.data_ptr<float>());
+      if (m[3].numel()) {
+        swiglu(m + 3, shared_inter, shared.data_ptr<float>());
+        qs::f32b_matmul_avx512(xp, T, E, m[9].data_ptr<float>(), 1, shared_gate.data_ptr<float>());
+        qs::add_sigmoid_gated(mlp.data_ptr<float>(), shared.data_ptr<float>(), shared_gate.data_ptr<float>(), 1, T, E);
+      }
+    }
+    offset += 1 + MIXER_TENSORS[mixers[l]] + MLP_TENSORS[mlps[l]];
     if (l + 1 < L) qs::add_rms_norm(h, mlp.data_ptr<float>(), T, E, weights[offset].data_ptr<float>(), f_eps, xp);
   }
   return mlp;
@@ -783,6 +863,8 @@ TORCH_LIBRARY(qwen_serve, m) {
   m.def("silu_mul", &silu_mul);
   m.def("sigmoid_mul_(Tensor(a!) x, Tensor gate) -> ()", &sigmoid_mul_);
   m.def("q4b_moe_vnni8", &q4b_moe_vnni8);
+  m.def("moe_route", &moe_route);
+  m.def("add_sigmoid_gated_(Tensor(a!) out, Tensor x, Tensor gate) -> ()", &add_sigmoid_gated_);
   m.def("gated_delta_decode_(Tensor mixed, Tensor z, Tensor conv_weight, Tensor(a!) conv_state, Tensor(b!) state, "
         "Tensor slots, Tensor fresh, Tensor gates, Tensor decay_rate, Tensor dt_bias, Tensor norm_weight, "
         "int key_heads, float eps) -> Tensor",
@@ -791,10 +873,11 @@ TORCH_LIBRARY(qwen_serve, m) {
         "-> Tensor", &gated_delta_conv_);
   m.def("gated_delta_gate_(Tensor(a!) out, Tensor z, Tensor norm_weight, float eps) -> ()", &gated_delta_gate_);
   m.def("unit_lower_solve_(Tensor system, Tensor(a!) rhs) -> ()", &unit_lower_solve_);
-  m.def("decode_layers_(Tensor(a!) hidden, Tensor x, int[] mixers, Tensor[] weights, Tensor(b!)[] key_caches, "
+  m.def("decode_layers_(Tensor(a!) hidden, Tensor x, int[] mixers, int[] mlps, Tensor[] weights, "
+        "Tensor(b!)[] key_caches, "
         "Tensor(c!)[] value_caches, Tensor(d!)[] conv_states, Tensor(e!)[] states, Tensor cos, Tensor sin, "
         "Tensor slots, Tensor block_tables, Tensor lengths, Tensor state_slots, Tensor fresh, Tensor step_rows, "
         "Tensor step_starts, Tensor copies, Tensor copy_starts, int block_size, "
-        "int heads, int kv_heads, int head_dim, bool output_gate, int key_heads, float eps, float scale, bool vnni, "
-        "bool dot_bf16) -> Tensor", &decode_layers_);
+        "int heads, int kv_heads, int head_dim, bool output_gate, int key_heads, int top_k, bool normalize, "
+        "int expert_inter, float eps, float scale, bool vnni, bool dot_bf16) -> Tensor", &decode_layers_);
 }

@@ -25,10 +25,9 @@ import json
 import sys
 import time
 from pathlib import Path
-from statistics import median
 
 from result_folder import dated_folder
-from servers import RunningServer, ServerCommand, bench_running, combine_launches
+from servers import RunningServer, ServerCommand, bench_running, combine_launches, one_stream_turns
 from setup_peers import Peers, write_ggufs
 
 from qwen_serve.bench.machine import describe_machine, machine_header
@@ -126,32 +125,14 @@ def measure(name: str, peers: Peers, model: Path, ggufs: dict[str, Path], tokeni
     return out
 
 
-def one_stream_turns(names: list[str], turns: int, peers: Peers, model: Path, ggufs: dict[str, Path],
-                     tokenizer: Path, folder: Path, prompt_tokens: int = 64) -> str:
-    """One stream's decode (tok/s between tokens: 1 / time per output token) after a prompt of
-    prompt_tokens (64: the decode stage's; longer: the long-context stages') of each server, a
-    fresh start per turn, in turns; a table of every turn and each turn's ratio to the last name."""
+def turns_table(names: list[str], turns: int, peers: Peers, model: Path, ggufs: dict[str, Path], tokenizer: Path,
+                folder: Path, prompt_tokens: int = 64) -> str:
+    """servers.one_stream_turns after a prompt of prompt_tokens (64: the decode stage's; longer:
+    the long-context stages')."""
     stage = DECODE[0] if prompt_tokens == 64 else \
         next(args for args in STAGES if args[:2] == ["--prompt-tokens", str(prompt_tokens)])
-    rates: dict[str, list[float]] = {name: [] for name in names}
-    for turn in range(turns):
-        for name in names if turn % 2 == 0 else names[::-1]:
-            with RunningServer(server_command(name, peers, model, ggufs, 1)) as server:
-                path = bench_running(server, folder / "raw", f"{name}.turn{turn}",
-                                     [*COMMON, "--tokenizer", str(tokenizer), *stage])
-            result = json.loads(path.read_text())["endpoints"][0]["results"][0]
-            rates[name].append(result["decode_tok_s_per_stream"])
-    last = names[-1]
-    lines = ["| server | " + " | ".join(f"turn {t + 1}" for t in range(turns)) + " | median |",
-             "|---|" + "---|" * (turns + 1)]
-    for name in names:
-        lines.append(f"| {name} | " + " | ".join(_num(r) for r in rates[name]) + f" | {_num(median(rates[name]))} |")
-    for name in names[:-1]:
-        ratios = [a / b for a, b in zip(rates[name], rates[last])]
-        lines.append(f"| {name} / {last} | " + " | ".join(f"{r:.2f}x" for r in ratios) + f" | {median(ratios):.2f}x |")
-    output, repetitions = (stage[stage.index(flag) + 1] for flag in ("--output-tokens", "--repetitions"))
-    return (f"1-stream decode, tok/s between tokens ({prompt_tokens}-token prompt, {output} tokens, "
-            f"{repetitions} repetition{'s' if repetitions != '1' else ''} a turn)\n\n") + "\n".join(lines)
+    return one_stream_turns(names, turns, lambda name: server_command(name, peers, model, ggufs, 1), folder / "raw",
+                            [*COMMON, "--tokenizer", str(tokenizer), *stage], prompt_tokens)
 
 
 def _num(value, digits: int = 1) -> str:
@@ -200,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("llama.cpp's server is not built: python benchmarks/setup_peers.py --only llama")
         write_ggufs(peers, model, ggufs["llama-bf16"], ggufs["llama-q4_0"], ("--no-mtp",))
     if args.turns:
-        report = header + "\n\n" + one_stream_turns(names, args.turns, peers, model, ggufs, model / "tokenizer.json",
-                                                     folder, args.prompt_tokens)
+        report = header + "\n\n" + turns_table(names, args.turns, peers, model, ggufs, model / "tokenizer.json",
+                                                folder, args.prompt_tokens)
         (folder / "turns.md").write_text(report + "\n")
         print(report)
         return 0

@@ -9,6 +9,10 @@ its peak. Not run by CI.
     python benchmarks/setup_peers.py --only llama                       # once: llama.cpp's server
     flock /work/cpu.lock python benchmarks/bench_moe.py --layers 12     # 12 of the 48 layers
     flock /work/cpu.lock python benchmarks/bench_moe.py                 # the whole model (~17 GB file)
+    flock /work/cpu.lock python benchmarks/bench_moe.py --layers 12 --turns 3   # one stream, in turns
+
+--turns N measures only one stream's decode, each server started afresh in N turns (who goes
+first alternates): this machine's memory changes speed for minutes at a time.
 
 --layers N keeps every layer's real geometry and scales only their number (the file, the weights
 and the time per token shrink about N/48; the embedding and the head stay whole). The bound
@@ -25,7 +29,7 @@ import time
 from pathlib import Path
 
 from result_folder import dated_folder
-from servers import RunningServer, ServerCommand, bench_running, combine_launches
+from servers import RunningServer, ServerCommand, bench_running, combine_launches, one_stream_turns
 from setup_peers import Peers
 
 from qwen_serve.bench.machine import describe_machine, machine_header
@@ -113,12 +117,13 @@ def measure(name: str, peers: Peers, gguf: Path, tokenizer: Path, raw: Path) -> 
 def active_bytes_per_token(layers: int) -> int:
     """What one decoded token reads at int4 (4.5 bits a weight: the codes, a float16 scale and
     zero per 64): attention and the 8 routed experts of every layer, the router in float32, one
-    embedding row and the whole head."""
+    embedding row, and the whole head in int6 (6.25 bits: the torch backend's head where VNNI
+    runs; int8 rows elsewhere read more)."""
     c = {**QWEN3_30B_A3B, "num_hidden_layers": layers}
     h, q, kv = c["hidden_size"], c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
     per_layer = (2 * h * q + 2 * h * kv + c["num_experts_per_tok"] * 3 * h * c["moe_intermediate_size"]) * 4.5 / 8 \
         + c["num_experts"] * h * 4
-    return int(layers * per_layer + (c["vocab_size"] * h + h) * 4.5 / 8)
+    return int(layers * per_layer + h * 4.5 / 8 + c["vocab_size"] * h * 6.25 / 8)
 
 
 def _num(value, digits: int = 1) -> str:
@@ -128,7 +133,7 @@ def _num(value, digits: int = 1) -> str:
 def summary(documents: dict[str, dict], layers: int, bandwidth_gb_s: float | None) -> str:
     bound = active_bytes_per_token(layers)
     lines = [f"Qwen3-30B-A3B geometry, {layers} of 48 layers, random weights, one GGUF Q4_0 file",
-             f"active bytes per decoded token (int4): {bound / 2**30:.3f} GiB"
+             f"active bytes per decoded token (int4, int6 head): {bound / 2**30:.3f} GiB"
              + (f"; bandwidth bound at {bandwidth_gb_s} GB/s: {bandwidth_gb_s * 1e9 / bound:.1f} tok/s"
                 if bandwidth_gb_s else ""), "",
              "| server | decode 1 | decode 4 | decode 8 | prefill 512 tok/s | TTFT 512 s | RSS after MiB | peak RSS MiB | start s |",
@@ -152,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=("qwen-int4", "llama-q4_0"), help="measure only these")
     parser.add_argument("--peers", type=Path, default=cache_dir("peers"))
     parser.add_argument("--out", type=Path, default=None, help="folder (default results/DATE-moe-NL)")
+    parser.add_argument("--turns", type=int, default=0, help="only one stream's decode, in this many turns")
     args = parser.parse_args(argv)
     peers = Peers(args.peers.expanduser().resolve())
-    folder = args.out or dated_folder(f"moe-{args.layers}l")
+    folder = args.out or dated_folder(f"moe-{args.layers}l" + ("-turns" if args.turns else ""))
     machine = describe_machine(measure_bandwidth=True)
     header = machine_header(machine)
     print(header, flush=True)
@@ -162,9 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     names = args.only or ["qwen-int4", "llama-q4_0"]
     if "llama-q4_0" in names and not peers.llama_bin("llama-server").exists():
         raise SystemExit("llama.cpp's server is not built: python benchmarks/setup_peers.py --only llama")
+    tokenizer = peers.root / "qwen-tokenizer" / "tokenizer.json"
+    if args.turns:
+        table = one_stream_turns(names, args.turns, lambda name: server_command(name, peers, gguf, 1), folder / "raw",
+                                 [*COMMON, "--tokenizer", str(tokenizer), *STAGES[0][0]], 64)
+        report = header + "\n\n" + table
+        (folder / "turns.md").write_text(report + "\n")
+        print(report)
+        return 0
     documents = {}
     for name in names:
-        path = measure(name, peers, gguf, peers.root / "qwen-tokenizer" / "tokenizer.json", folder / "raw")
+        path = measure(name, peers, gguf, tokenizer, folder / "raw")
         documents[name] = json.loads(path.read_text())
     for existing in (folder / "raw").glob("*.json"):  # servers measured by an earlier --only run
         documents.setdefault(existing.stem, json.loads(existing.read_text()))

@@ -10,7 +10,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from statistics import median
+from typing import Callable, Sequence
 
 from qwen_serve.bench.launcher import LaunchedServer
 from qwen_serve.bench.machine import source_commit
@@ -116,6 +117,33 @@ def run_bench_in_turns(endpoints: Sequence[tuple[str, str, str]], out_dir: Path,
     print("+", " ".join(argv), flush=True)
     subprocess.run(argv, check=True)
     return out_dir / f"{stem}.json"
+
+
+def one_stream_turns(names: Sequence[str], turns: int, command: Callable[[str], "ServerCommand"], raw: Path,
+                     bench_args: Sequence[str], prompt_tokens: int) -> str:
+    """One stream's decode (tok/s between tokens: 1 / time per output token) of each server, a
+    fresh start of command(name) per turn, in turns (who goes first alternates): this machine's
+    memory changes speed for minutes at a time, and one server's whole run after the other's can
+    straddle a change. A table of every turn and each turn's ratio to the last name."""
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for turn in range(turns):
+        for name in names if turn % 2 == 0 else names[::-1]:
+            with RunningServer(command(name)) as server:
+                path = bench_running(server, raw, f"{name}.turn{turn}", bench_args)
+            result = json.loads(path.read_text())["endpoints"][0]["results"][0]
+            rates[name].append(result["decode_tok_s_per_stream"])
+    last = names[-1]
+    lines = ["| server | " + " | ".join(f"turn {t + 1}" for t in range(turns)) + " | median |",
+             "|---|" + "---|" * (turns + 1)]
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(f"{r:,.1f}" for r in rates[name]) + f" | {median(rates[name]):,.1f} |")
+    for name in names[:-1]:
+        ratios = [a / b for a, b in zip(rates[name], rates[last])]
+        lines.append(f"| {name} / {last} | " + " | ".join(f"{r:.2f}x" for r in ratios) + f" | {median(ratios):.2f}x |")
+    args = list(bench_args)
+    output, repetitions = (args[args.index(flag) + 1] for flag in ("--output-tokens", "--repetitions"))
+    return (f"1-stream decode, tok/s between tokens ({prompt_tokens}-token prompt, {output} tokens, "
+            f"{repetitions} repetition{'s' if repetitions != '1' else ''} a turn)\n\n") + "\n".join(lines)
 
 
 def combine_launches(paths: Sequence[Path], out: Path) -> Path:

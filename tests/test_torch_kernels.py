@@ -548,6 +548,12 @@ def _fused_equals_per_op(path, monkeypatch, one_token_prompt: bool = False, draf
         stats = fused_llm.engine.stats, per_op_llm.engine.stats
         assert stats[0].draft_tokens_total == stats[1].draft_tokens_total > 0
         assert stats[0].accepted_draft_tokens_total == stats[1].accepted_draft_tokens_total < stats[0].draft_tokens_total
+        # every state slot alike, the kept states a rewind returns to among them (the op steps a
+        # drafted chunk's rows from one kept state into the next, the per-op path in place and copies)
+        storages = [llm.parts.cache.state_storage for llm in (fused_llm, per_op_llm)]
+        for kept in ("recurrent", "conv_history"):
+            for a, b in zip(getattr(storages[0], kept), getattr(storages[1], kept)):
+                assert torch.equal(a, b)
         # the op updates one step's states in parallel: a plan whose rows in one step share a state
         # slot is refused, not raced
         from qwen_serve.backends.torch_cpu import fused_decode

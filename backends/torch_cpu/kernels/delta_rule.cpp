@@ -29,11 +29,11 @@ constexpr int64_t MAX_VALUE_DIM = 512;  // a head's value width (Qwen3.5, Qwen3-
 #define QS_DECODE_ARGS                                                                                                \
   const float *mixed, int64_t mixed_stride, const float *z, int64_t z_stride, int64_t B, int64_t Hk, int64_t Hv,     \
       int64_t dk, int64_t dv, const float *conv_weight, int64_t taps, float *conv_state, float *state,               \
-      const int64_t *slots, const bool *fresh, const float *gates, int64_t gates_stride, const float *decay_rate,  \
-      const float *dt_bias, const float *norm_weight, float eps, float *out
+      const int64_t *slots, const int64_t *write_slots, const bool *fresh, const float *gates, int64_t gates_stride, \
+      const float *decay_rate, const float *dt_bias, const float *norm_weight, float eps, float *out
 #define QS_DECODE_CALL                                                                                                 \
-  mixed, mixed_stride, z, z_stride, B, Hk, Hv, dk, dv, conv_weight, taps, conv_state, state, slots, fresh, gates,     \
-      gates_stride, decay_rate, dt_bias, norm_weight, eps, out
+  mixed, mixed_stride, z, z_stride, B, Hk, Hv, dk, dv, conv_weight, taps, conv_state, state, slots, write_slots,      \
+      fresh, gates, gates_stride, decay_rate, dt_bias, norm_weight, eps, out
 #define QS_CONV_ARGS                                                                                                  \
   const float *mixed, int64_t mixed_stride, int64_t T, int64_t Hk, int64_t dk, int64_t C, const float *conv_weight,  \
       int64_t taps, float *history, float *out

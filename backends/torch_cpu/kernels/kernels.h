@@ -97,12 +97,14 @@ void add_sigmoid_gated(float* out, const float* x, const float* gate, int64_t ga
 // exp(decay_rate[h] softplus(a + dt_bias[h])) and write strength sigmoid(b), where gates [B, 2 Hv]
 // (rows gates_stride apart) hold a then b, and reads it with q; the reading is RMS-normed
 // (norm_weight [dv], eps) and multiplied by SiLU(z[b, h]) (z rows z_stride apart) into out
-// [B, Hv dv]. fresh[b]: the sequence starts here, its history and state are zeros.
+// [B, Hv dv]. fresh[b]: the sequence starts here, its history and state are zeros. write_slots: null
+// to update each state in place, or where sequence b's stepped history and state go instead (its
+// slot's left as they were): a drafted chunk's rows step from one kept state into the next.
 void gated_delta_decode(const float* mixed, int64_t mixed_stride, const float* z, int64_t z_stride, int64_t B,
                         int64_t Hk, int64_t Hv, int64_t dk, int64_t dv, const float* conv_weight, int64_t taps,
-                        float* conv_state, float* state, const int64_t* slots, const bool* fresh, const float* gates,
-                        int64_t gates_stride, const float* decay_rate, const float* dt_bias, const float* norm_weight,
-                        float eps, float* out);
+                        float* conv_state, float* state, const int64_t* slots, const int64_t* write_slots,
+                        const bool* fresh, const float* gates, int64_t gates_stride, const float* decay_rate,
+                        const float* dt_bias, const float* norm_weight, float eps, float* out);
 // The same convolution, SiLU and q/k norms for one sequence's prefill chunk: mixed [T, C] (rows
 // mixed_stride apart) -> out [T, C]; history [taps - 1, C] holds the inputs before the chunk and
 // afterwards the chunk's last ones.

@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <algorithm>
+#include <map>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -486,6 +487,55 @@ int64_t check_steps(const at::Tensor& step_rows, const at::Tensor& step_starts, 
   return steps;
 }
 
+// How a step's rows (check_steps' stepping order) move their states: row j reads slot read[j] and
+// writes slot write[j], and after step s the states copied[s] (from, to) are copied. A chunk's state
+// lives in its own slot (state_slots[j] for each of its rows); where a row is followed by a copy of
+// it (the state a rewind returns to, or a prefix-cache snapshot) and by another row of the chunk, the
+// row writes straight into the copy's slot and the next row steps on from there, so the copy is not
+// made (a megabyte a draft per layer for Qwen3.5-0.8B); a chunk's last row writes into its own slot.
+// The result is what stepping in place and copying after each step gives.
+struct StatePlan {
+  std::vector<int64_t> read, write;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> copied;
+};
+
+StatePlan plan_states(int64_t steps, const int64_t* start, const int64_t* state_slots, const int64_t* pairs,
+                      const int64_t* copy_start, int64_t T) {
+  StatePlan plan{std::vector<int64_t>(T), std::vector<int64_t>(T), {}};
+  plan.copied.resize(steps);
+  std::map<int64_t, int64_t> last_step, current;  // by a chunk's own slot
+  for (int64_t s = 0; s < steps; s++)
+    for (int64_t j = start[s]; j < start[s + 1]; j++) last_step[state_slots[j]] = s;
+  std::vector<std::pair<int64_t, int64_t>> touched;  // (slot, row) read or written in a step
+  for (int64_t s = 0; s < steps; s++) {
+    std::vector<char> used(copy_start[s + 1] - copy_start[s], 0);
+    touched.clear();
+    for (int64_t j = start[s]; j < start[s + 1]; j++) {
+      const int64_t own = state_slots[j];
+      const auto found = current.find(own);
+      plan.read[j] = found == current.end() ? own : found->second;
+      std::vector<int64_t> targets;
+      for (int64_t p = copy_start[s]; p < copy_start[s + 1]; p++)
+        if (pairs[2 * p] == own) targets.push_back(pairs[2 * p + 1]), used[p - copy_start[s]] = 1;
+      const bool direct = !targets.empty() && s < last_step[own];
+      plan.write[j] = current[own] = direct ? targets[0] : own;
+      for (size_t t = direct ? 1 : 0; t < targets.size(); t++) plan.copied[s].emplace_back(plan.write[j], targets[t]);
+      touched.emplace_back(plan.read[j], j);
+      if (plan.write[j] != plan.read[j]) touched.emplace_back(plan.write[j], j);
+    }
+    for (int64_t p = copy_start[s]; p < copy_start[s + 1]; p++)  // a copy of a chunk not stepping here
+      if (!used[p - copy_start[s]]) {
+        const auto found = current.find(pairs[2 * p]);
+        plan.copied[s].emplace_back(found == current.end() ? pairs[2 * p] : found->second, pairs[2 * p + 1]);
+      }
+    std::sort(touched.begin(), touched.end());
+    for (size_t i = 1; i < touched.size(); i++)  // the kernel steps a step's rows in parallel
+      TORCH_CHECK(touched[i].first != touched[i - 1].first || touched[i].second == touched[i - 1].second,
+                  "the rows of step ", s, " share a state slot");
+  }
+  return plan;
+}
+
 // Every decoder layer of a step without prefill chunks in one call, for projections on the blocked int4 or
 // bfloat16 layouts, the backend's own paged KV storage and (for linear-attention layers) its own
 // state storage: the configuration of decode. The same kernels in the same order as the per-op
@@ -509,7 +559,8 @@ int64_t check_steps(const at::Tensor& step_rows, const at::Tensor& step_starts, 
 //     starts at zeros), row after row where a chunk has more (its drafts): the rows
 //     step_rows[step_starts[s] .. step_starts[s + 1]) step together, one row of each chunk,
 //     s = 0, 1, ..., and state_slots and fresh follow step_rows' order; after step s, state slot copies[p][0] is copied into copies[p][1] for p in
-//     [copy_starts[s], copy_starts[s + 1]) (the states a rewind returns to). Empty step_starts:
+//     [copy_starts[s], copy_starts[s + 1]) (the states a rewind returns to; plan_states makes most of these
+//     copies unneeded). Empty step_starts:
 //     every row is its own chunk, one step in row order, nothing copied (decode)
 // (q_norm, k_norm: empty tensors for a model without them; a bfloat16 projection's scale and zero
 // are empty too). cos and sin [T, R] turn each head's first R of head_dim dimensions. hidden [T, E]
@@ -634,6 +685,8 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayR
   }
   if (delta_layers > 0) check_state_slots(state_slots, fresh, T, delta.slots);
   const int64_t steps = check_steps(step_rows, step_starts, copies, copy_starts, state_slots, T, delta.slots);
+  const StatePlan plan = steps == 0 ? StatePlan{} : plan_states(steps, step_starts.data_ptr<int64_t>(),
+      state_slots.data_ptr<int64_t>(), copies.data_ptr<int64_t>(), copy_starts.data_ptr<int64_t>(), T);
 
   const int64_t value_width = delta.value_heads * delta.value_dim;
   const int64_t in_width = std::max(attention_layers ? n_qkv : 0, delta_layers ? delta.channels + value_width : 0);
@@ -681,19 +734,20 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayR
       const int64_t n_gates = 2 * delta.value_heads;
       qs::f32b_matmul_avx512(xp, T, E, w[3].data_ptr<float>(), n_gates, gates.data_ptr<float>());
       float *conv = conv_states[i].data_ptr<float>(), *state = states[i].data_ptr<float>();
-      // n rows of mixed channels then z (`stride` apart), their gates, state slots and fresh flags -> out
+      // n rows of mixed channels then z (`stride` apart), their gates, the state slots they read and
+      // write (null: the same) and fresh flags -> out
       auto step = [&](const float* mixed, int64_t stride, const float* gate_rows, int64_t n, const int64_t* slot,
-                      const bool* zeroed, float* out) {
+                      const int64_t* write, const bool* zeroed, float* out) {
         qs::gated_delta_decode(mixed, stride, mixed + delta.channels, stride, n, key_heads, delta.value_heads,
                                delta.key_dim, delta.value_dim, w[4].data_ptr<float>(), delta.taps, conv, state, slot,
-                               zeroed, gate_rows, n_gates, w[5].data_ptr<float>(), w[6].data_ptr<float>(),
+                               write, zeroed, gate_rows, n_gates, w[5].data_ptr<float>(), w[6].data_ptr<float>(),
                                w[7].data_ptr<float>(), f_eps, out);
       };
       if (steps == 0) {
-        step(inp, in_stride, gates.data_ptr<float>(), T, state_slots.data_ptr<int64_t>(), fresh.data_ptr<bool>(), outp);
+        step(inp, in_stride, gates.data_ptr<float>(), T, state_slots.data_ptr<int64_t>(), nullptr,
+             fresh.data_ptr<bool>(), outp);
       } else {
         const int64_t *order = step_rows.data_ptr<int64_t>(), *start = step_starts.data_ptr<int64_t>();
-        const int64_t *pairs = copies.data_ptr<int64_t>(), *copy_start = copy_starts.data_ptr<int64_t>();
         const int64_t conv_size = conv_states[i][0].numel(), state_size = states[i][0].numel();
         const float* gate_rows = gates.data_ptr<float>();
         std::vector<float> rows_in, rows_gates, rows_out;
@@ -705,18 +759,18 @@ at::Tensor decode_layers_(at::Tensor hidden, const at::Tensor& x0, at::IntArrayR
             std::copy_n(inp + row * in_stride, in_stride, rows_in.data() + j * in_stride);
             std::copy_n(gate_rows + row * n_gates, n_gates, rows_gates.data() + j * n_gates);
           }
-          step(rows_in.data(), in_stride, rows_gates.data(), n, state_slots.data_ptr<int64_t>() + start[s],
-               fresh.data_ptr<bool>() + start[s], rows_out.data());
+          step(rows_in.data(), in_stride, rows_gates.data(), n, plan.read.data() + start[s],
+               plan.write.data() + start[s], fresh.data_ptr<bool>() + start[s], rows_out.data());
           for (int64_t j = 0; j < n; j++)
             std::copy_n(rows_out.data() + j * value_width, value_width, outp + order[start[s] + j] * value_width);
-          // the copies on every thread: a state is ~1 MiB (Qwen3.5: 16 heads x 128 x 128 float32) and
-          // a verified chunk keeps one per draft per layer; copied by one thread they cost more than
-          // the Python of the per-op path saved (Zen 4, 3 drafts)
-          const int64_t n_copies = copy_start[s + 1] - copy_start[s], pieces = (state_size + 16383) / 16384;
+          // the copies left (plan_states) on every thread: a state is ~1 MiB (Qwen3.5: 16 heads x 128 x
+          // 128 float32); copied by one thread they cost more than the Python of the per-op path saved
+          const auto& copied = plan.copied[s];
+          const int64_t n_copies = static_cast<int64_t>(copied.size()), pieces = (state_size + 16383) / 16384;
           at::parallel_for(0, n_copies * pieces, 1, [&](int64_t begin, int64_t end) {
             for (int64_t task = begin; task < end; task++) {
-              const int64_t p = copy_start[s] + task / pieces, piece = task % pieces;
-              const int64_t from = pairs[2 * p], to = pairs[2 * p + 1];
+              const int64_t piece = task % pieces;
+              const int64_t from = copied[task / pieces].first, to = copied[task / pieces].second;
               const int64_t first = piece * 16384, count = std::min<int64_t>(16384, state_size - first);
               std::copy_n(state + from * state_size + first, count, state + to * state_size + first);
               if (piece == 0) std::copy_n(conv + from * conv_size, conv_size, conv + to * conv_size);
@@ -789,7 +843,7 @@ at::Tensor gated_delta_decode_(const at::Tensor& mixed, const at::Tensor& z, con
   at::Tensor out = at::empty({B, Hv * dv}, mixed.options());
   qs::gated_delta_decode(mixed.data_ptr<float>(), mixed.stride(0), z.data_ptr<float>(), z.stride(0), B, key_heads, Hv,
                          dk, dv, conv_weight.data_ptr<float>(), taps, conv_state.data_ptr<float>(),
-                         state.data_ptr<float>(), slot, fresh.data_ptr<bool>(), gates.data_ptr<float>(),
+                         state.data_ptr<float>(), slot, nullptr, fresh.data_ptr<bool>(), gates.data_ptr<float>(),
                          gates.stride(0), decay_rate.data_ptr<float>(), dt_bias.data_ptr<float>(),
                          norm_weight.data_ptr<float>(), static_cast<float>(eps), out.data_ptr<float>());
   return out;

@@ -537,6 +537,10 @@ def _fused_equals_per_op(path, monkeypatch, one_token_prompt: bool = False, draf
     def run(llm) -> list:
         return [[(o.token_ids, o.logprobs) for o in llm.generate(prompts, params)] for prompts in prompt_sets]
 
+    storages = [llm.parts.cache.state_storage for llm in (fused_llm, per_op_llm)] if drafts else []
+    for storage in storages:  # reserved uninitialized: slots neither model writes must compare equal too
+        for tensor in (*storage.conv_history, *storage.recurrent):
+            tensor.zero_()
     fused = run(fused_llm)
     if drafts:  # steps verifying drafts took the fused call, and the first sequence's went ahead of its drafts
         assert any(drafted) and 1 + options["num_speculative_tokens"] in rows
@@ -550,7 +554,6 @@ def _fused_equals_per_op(path, monkeypatch, one_token_prompt: bool = False, draf
         assert stats[0].accepted_draft_tokens_total == stats[1].accepted_draft_tokens_total < stats[0].draft_tokens_total
         # every state slot alike, the kept states a rewind returns to among them (the op steps a
         # drafted chunk's rows from one kept state into the next, the per-op path in place and copies)
-        storages = [llm.parts.cache.state_storage for llm in (fused_llm, per_op_llm)]
         for kept in ("recurrent", "conv_history"):
             for a, b in zip(getattr(storages[0], kept), getattr(storages[1], kept)):
                 assert torch.equal(a, b)

@@ -5,8 +5,10 @@ backend's own paged KV storage and, for Gated DeltaNet layers, its own state sto
 the verification of drafts, where the ~11 calls per layer (a mixture of experts: ~8 more) and the
 Python around them took about a seventh of a Qwen3-0.6B step and more of a Qwen3.5-0.8B one
 (py-spy, Zen 4). The op runs the same kernels in the same order as the per-op path of model.py,
-so both give the same bits; any other step (a prefill chunk, a cache read through the Protocols,
-a watched projection) keeps the per-op path.
+so both give the same bits (a drafted chunk's rows write their states straight into the slots
+the per-op path copies them to, with the same arithmetic); any other step (a prefill chunk, a cache
+read through the Protocols, a watched projection, a row count for which a plan takes tiles) keeps
+the per-op path.
 """
 from __future__ import annotations
 
@@ -30,12 +32,13 @@ class FusedDecode:
         self.kernels = kernels
         self.layers = layers
         self.linears = [_watched(layer) for layer in layers]
-        # the int4 layers: their plans (read per step, as the layers read them; a model sets them
-        # after this is built) say how many rows the kernels take; the bf16 kernel takes any number.
-        # A layer's experts are all of one shape, so of one plan: the first one's stand for them
-        self.quantized = [lin for lins in self.linears for lin in lins if isinstance(lin, Int4Linear)]
-        self.quantized += [lin for layer in layers if type(layer.mlp) is SparseMoELayer
-                           for lin in layer.mlp.experts[0].linears()]
+        # the projections' plans (read per step, as the layers read them; a model sets them after
+        # this is built) say at how many rows the kernels run them, which is what the op does. A
+        # layer's experts are all of one shape, so of one plan: the first one's stand for them
+        self.planned = [lin for lins in self.linears for lin in lins
+                        if isinstance(lin, Int4Linear) or isinstance(lin, DenseLinear) and lin.plan is not None]
+        self.planned += [lin for layer in layers if type(layer.mlp) is SparseMoELayer
+                         for lin in layer.mlp.experts[0].linears()]
         self.mixers = [ATTENTION if type(layer.mixer) is AttentionLayer else GATED_DELTA for layer in layers]
         self.mlps = [EXPERTS if type(layer.mlp) is SparseMoELayer else DENSE for layer in layers]
         moe = [layer.mlp for layer in layers if type(layer.mlp) is SparseMoELayer]
@@ -48,7 +51,7 @@ class FusedDecode:
         # the decoder's KV and state layers come first in the storages (a draft head's follow)
         self.attention_layers, self.delta_layers = len(attentions), len(deltas)
         none = torch.empty(0)
-        self.weights = []
+        self.weights, self.tables = [], []
         for layer in layers:
             mixer = layer.mixer
             if type(mixer) is AttentionLayer:
@@ -57,7 +60,10 @@ class FusedDecode:
             else:
                 mixed = [*_blocks(mixer.in_proj.linear, none), mixer.gates.blocked, mixer.conv_by_tap,
                          mixer.decay_rate, mixer.dt_bias, mixer.out_norm, *_blocks(mixer.out_proj, none)]
+            mlp_at = len(self.weights) + 2 + len(mixed)
             self.weights += [layer.input_norm, *mixed, layer.post_norm, *_mlp_tensors(layer.mlp, none)]
+            if type(layer.mlp) is SparseMoELayer:  # after the router, the experts' table: fetched per call
+                self.tables.append((mlp_at + 1, layer.mlp.fused))
         self.no_states = (none.long(), none.bool())
 
     @classmethod
@@ -75,8 +81,8 @@ class FusedDecode:
         if len({layer.mixer.output_gate for layer in layers if type(layer.mixer) is AttentionLayer}) > 1:
             return None
         moe = [layer.mlp for layer in layers if type(layer.mlp) is SparseMoELayer]
-        if len({(mlp.kind.top_k, mlp.kind.normalize_top_k, mlp.kind.intermediate_size, mlp.kind.num_experts)
-                for mlp in moe}) > 1:
+        if len({(mlp.kind.top_k, mlp.kind.normalize_top_k, mlp.kind.intermediate_size, mlp.kind.num_experts,
+                 mlp.kind.shared_expert_size) for mlp in moe}) > 1:
             return None
         for layer in layers:
             projections = layer.mixer.linears()[:2]
@@ -106,7 +112,7 @@ class FusedDecode:
         watched (calibration swaps a layer's attribute for a recorder)."""
         return step.paged is not None and not step.prefills and \
             (not self.delta_layers or type(getattr(cache, "state_storage", None)) is TorchStateStorage) and \
-            all(lin.plan.path(rows) == "kernel" for lin in self.quantized) and \
+            all(lin.plan.path(rows) == "kernel" for lin in self.planned) and \
             all(_watched(layer) == linears for layer, linears in zip(self.layers, self.linears))
 
     def __call__(self, hidden: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, step, cache,
@@ -114,6 +120,8 @@ class FusedDecode:
         """hidden [T, E] (updated in place to the residual before the last MLP), x its first
         RMSNorm -> the last layer's MLP output."""
         paged = step.paged
+        for index, experts in self.tables:  # rebuilt if the experts' tensors moved
+            self.weights[index] = experts.table()
         conv_states, states = [], []
         state_slots, fresh = self.no_states
         order = (self.no_states[0],) * 4

@@ -89,8 +89,8 @@ void route_top_k(const float* logits, int64_t T, int64_t n, int64_t top_k, bool 
 // out [T, n] += sigmoid(gate[t]) * x [T, n] per row t (gate rows gate_stride apart): a gated shared expert.
 void add_sigmoid_gated(float* out, const float* x, const float* gate, int64_t gate_stride, int64_t T, int64_t n);
 
-// One decode step of Gated DeltaNet for B sequences (delta_rule.cpp), float32, the state updated in
-// place in the backend's storage: mixed [B, C] (rows mixed_stride apart) is in_proj_qkv's output,
+// One decode step of Gated DeltaNet for B sequences (delta_rule.cpp), float32, the state read and
+// written in the backend's storage: mixed [B, C] (rows mixed_stride apart) is in_proj_qkv's output,
 // C = 2 Hk dk + Hv dv; its causal convolution reads and shifts conv_state[slots[b]] [taps - 1, C]
 // (conv_weight [taps, C], each tap's weights contiguous), then SiLU; q and k are L2-normalized per key head, q scaled by dk^-0.5;
 // each value head h (key head h / (Hv / Hk)) updates state[slots[b], h] [dk, dv] by its decay

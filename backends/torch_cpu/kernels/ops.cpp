@@ -493,7 +493,9 @@ int64_t check_steps(const at::Tensor& step_rows, const at::Tensor& step_starts, 
 // it (the state a rewind returns to, or a prefix-cache snapshot) and by another row of the chunk, the
 // row writes straight into the copy's slot and the next row steps on from there, so the copy is not
 // made (a megabyte a draft per layer for Qwen3.5-0.8B); a chunk's last row writes into its own slot.
-// The result is what stepping in place and copying after each step gives.
+// Every slot ends as stepping in place and copying after each step leaves it (the chunk's own slot
+// holds its old state until its last row, which nothing reads), given that no copy goes into a
+// stepping chunk's own slot: checked.
 struct StatePlan {
   std::vector<int64_t> read, write;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> copied;
@@ -506,6 +508,9 @@ StatePlan plan_states(int64_t steps, const int64_t* start, const int64_t* state_
   std::map<int64_t, int64_t> last_step, current;  // by a chunk's own slot
   for (int64_t s = 0; s < steps; s++)
     for (int64_t j = start[s]; j < start[s + 1]; j++) last_step[state_slots[j]] = s;
+  for (int64_t p = 0; p < copy_start[steps]; p++)
+    TORCH_CHECK(!last_step.count(pairs[2 * p + 1]), "a copy goes into slot ", pairs[2 * p + 1],
+                ", a stepping chunk's own");
   std::vector<std::pair<int64_t, int64_t>> touched;  // (slot, row) read or written in a step
   for (int64_t s = 0; s < steps; s++) {
     std::vector<char> used(copy_start[s + 1] - copy_start[s], 0);
@@ -516,7 +521,11 @@ StatePlan plan_states(int64_t steps, const int64_t* start, const int64_t* state_
       plan.read[j] = found == current.end() ? own : found->second;
       std::vector<int64_t> targets;
       for (int64_t p = copy_start[s]; p < copy_start[s + 1]; p++)
-        if (pairs[2 * p] == own) targets.push_back(pairs[2 * p + 1]), used[p - copy_start[s]] = 1;
+        if (pairs[2 * p] == own) {
+          if (std::find(targets.begin(), targets.end(), pairs[2 * p + 1]) == targets.end())
+            targets.push_back(pairs[2 * p + 1]);
+          used[p - copy_start[s]] = 1;
+        }
       const bool direct = !targets.empty() && s < last_step[own];
       plan.write[j] = current[own] = direct ? targets[0] : own;
       for (size_t t = direct ? 1 : 0; t < targets.size(); t++) plan.copied[s].emplace_back(plan.write[j], targets[t]);
@@ -546,7 +555,8 @@ StatePlan plan_states(int64_t steps, const int64_t* start, const int64_t* state_
 // where an MLP is
 //   DENSE: post_norm, gate_up codes/scale/zero, down codes/scale/zero
 //   EXPERTS: post_norm, the router (float32 blocked [blocks, E, 16] of n experts' rows), the experts'
-//     table (int64 [n, 6]: q4b_moe_vnni8's, built from checked tensors the caller keeps alive), a
+//     table (int64 [n, 6]: q4b_moe_vnni8's addresses of the experts' tensors, which the caller keeps
+//     alive and built the table from when they last moved), a
 //     shared expert's gate_up codes/scale/zero and down codes/scale/zero and its gate (float32
 //     blocked, one row), all seven empty without one; each row runs its top_k experts by softmax
 //     probability (normalize: their weights renormalized), each of expert_inter intermediate width

@@ -447,8 +447,8 @@ void check_state_slots(const at::Tensor& slots, const at::Tensor& fresh, int64_t
 }
 
 // The order in which a step's T rows update their states (decode_layers_): steps whose rows are
-// distinct, in [0, T), each in one step, and (as the kernel updates a step's states in parallel)
-// in distinct state slots (state_slots in that order); copies [P, 2] of slots among S. Returns the
+// distinct, in [0, T), each in one step, a state slot per row (state_slots in that order; that a
+// step's rows touch distinct slots, plan_states checks); copies [P, 2] of slots among S. Returns the
 // number of steps (0 when step_starts is empty: one step in row order, nothing copied).
 int64_t check_steps(const at::Tensor& step_rows, const at::Tensor& step_starts, const at::Tensor& copies,
                     const at::Tensor& copy_starts, const at::Tensor& state_slots, int64_t T, int64_t S) {
@@ -468,19 +468,13 @@ int64_t check_steps(const at::Tensor& step_rows, const at::Tensor& step_starts, 
   TORCH_CHECK(start[0] == 0 && start[steps] == T && copy_start[0] == 0 && copy_start[steps] == copies.size(0),
               "step_starts must run from 0 to T and copy_starts from 0 to P");
   TORCH_CHECK(state_slots.numel() == T, "steps need a state slot per row (Gated DeltaNet layers)");
-  const int64_t* slot = state_slots.data_ptr<int64_t>();
   std::vector<char> seen(T, 0);
-  std::vector<int64_t> step_slots;
   for (int64_t s = 0; s < steps; s++) {
     TORCH_CHECK(start[s] < start[s + 1] && copy_start[s] <= copy_start[s + 1], "steps must be non-empty, in order");
     for (int64_t j = start[s]; j < start[s + 1]; j++) {
       TORCH_CHECK(order[j] >= 0 && order[j] < T && !seen[order[j]], "step_rows must hold each row once");
       seen[order[j]] = 1;
     }
-    step_slots.assign(slot + start[s], slot + start[s + 1]);
-    std::sort(step_slots.begin(), step_slots.end());
-    TORCH_CHECK(std::adjacent_find(step_slots.begin(), step_slots.end()) == step_slots.end(),
-                "the rows of step ", s, " share a state slot");
   }
   for (int64_t p = 0; p < 2 * copies.size(0); p++)
     TORCH_CHECK(pairs[p] >= 0 && pairs[p] < S, "copied slot ", pairs[p], " is not one of ", S);
@@ -532,15 +526,13 @@ StatePlan plan_states(int64_t steps, const int64_t* start, const int64_t* state_
       touched.emplace_back(plan.read[j], j);
       if (plan.write[j] != plan.read[j]) touched.emplace_back(plan.write[j], j);
     }
-    for (int64_t p = copy_start[s]; p < copy_start[s + 1]; p++)  // a copy of a chunk not stepping here
-      if (!used[p - copy_start[s]]) {
-        const auto found = current.find(pairs[2 * p]);
-        plan.copied[s].emplace_back(found == current.end() ? pairs[2 * p] : found->second, pairs[2 * p + 1]);
-      }
     std::sort(touched.begin(), touched.end());
     for (size_t i = 1; i < touched.size(); i++)  // the kernel steps a step's rows in parallel
       TORCH_CHECK(touched[i].first != touched[i - 1].first || touched[i].second == touched[i - 1].second,
                   "the rows of step ", s, " share a state slot");
+    for (int64_t p = copy_start[s]; p < copy_start[s + 1]; p++)
+      TORCH_CHECK(used[p - copy_start[s]], "a copy after step ", s, " is of slot ", pairs[2 * p],
+                  ", no chunk stepping there");
   }
   return plan;
 }

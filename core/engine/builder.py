@@ -107,7 +107,14 @@ def build_engine(
             "not needed: the file's 4-bit blocks give every projection its int4 grid" if checkpoint.int4_blocks else \
             float_model_too_big(checkpoint.config, dtype)
     if quant != "none" and not calibration:
-        importance = measure_importance(compute, checkpoint, dtype, new_cache, config, new_storage)
+        # Measured on the decoder alone, as for the model without a draft head: calibration never
+        # runs the head, and this way both quantize the decoder from one measurement (itself not
+        # bit-reproducible run to run), so speculation keeps the same weights and greedy tokens.
+        with_head, checkpoint.config = checkpoint.config, replace(checkpoint.config, draft_layers=())
+        try:
+            importance = measure_importance(compute, checkpoint, dtype, new_cache, config, new_storage)
+        finally:
+            checkpoint.config = with_head
         calibration = "skipped: no calibration text fits, or the backend cannot watch its projections" \
             if importance is None else "by the activations of the calibration text"
         gc.collect()  # the float model may sit in reference cycles: free it before loading again
@@ -185,7 +192,8 @@ def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, cac
     if not isinstance(executor, Calibratable):
         return None
     # No prefix cache: every calibration token passes through the projections. No speculation:
-    # the calibration engine has no proposer (a draft head's projections go without importance).
+    # the calibration engine has no proposer (build_engine hands over the model without its draft
+    # head, whose projections go without importance).
     config = replace(config, prefix_cache=False, speculative=None)
     storage = new_storage(config) if new_storage is not None else compute.create_kv_storage(
         checkpoint.config, dtype, config.block_size, config.slab_blocks, config.kv_blocks)

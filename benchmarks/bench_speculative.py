@@ -6,6 +6,8 @@ checkpoint; the n-gram proposer, or a Qwen3.5 checkpoint's multi-token-predictio
     python benchmarks/bench_speculative.py --k 2 4 8 --dtype bfloat16
     python benchmarks/bench_speculative.py --size 0.8b --proposers ngram mtp --k 2 --quant int4
         # Qwen3.5-0.8B's geometry, random weights, with a random MTP head (made once, in the cache)
+    python benchmarks/bench_speculative.py --size 0.8b --proposers mtp --k 1 2 3 --draft-vocab 32768
+        # each mtp K also with the head scoring its drafts over the 32,768 lowest ids (--draft-vocab)
 
 Tasks (8 paragraphs each): "repeat": copy a paragraph exactly; "correct": fix the typos in a
 paragraph (most of the answer is still copied from the prompt). Decode tok/s counts the tokens
@@ -123,6 +125,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--size", choices=["0.8b", "2b"], help="Qwen3.5's geometry with random weights and an MTP "
                                                               "head instead of SmolLM2")
+    parser.add_argument("--draft-vocab", nargs="+", default=[], metavar="N|FILE",
+                        help="mtp: each K again with drafts scored over these tokens (--draft-vocab)")
     parser.add_argument("--out", type=Path, help="default: results/DATE-speculative/speculative.json")
     args = parser.parse_args()
 
@@ -136,6 +140,9 @@ def main() -> None:
           f"greedy, max_tokens {args.max_tokens}")
     configs = {"off": {}} | {f"{p} k={k}": dict(speculative=p, num_speculative_tokens=k)
                              for p in args.proposers for k in args.k}
+    if "mtp" in args.proposers:
+        configs |= {f"mtp k={k} vocab {v}": dict(speculative="mtp", num_speculative_tokens=k, draft_vocab=v)
+                    for k in args.k for v in args.draft_vocab}
     engines = {name: LLM(model, dtype=args.dtype, quant=args.quant, max_batch=8, **options)
                for name, options in configs.items()}
     rows = []

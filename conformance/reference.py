@@ -111,13 +111,14 @@ def assert_first_tokens_match(llm, hf, texts: tuple[str, ...], tolerance: float,
             assert abs(logprob - float(reference[token])) < tolerance, f"{prompt}: token {token}'s log-probability"
 
 
-def hf_mtp_drafts(path: Path, token_ids: list[int], num_draft: int) -> list[int]:
+def hf_mtp_drafts(path: Path, token_ids: list[int], num_draft: int, vocabulary: list[int] | None = None) -> list[int]:
     """What a multi-token-prediction head (conformance.models.add_mtp_head) guesses after
     token_ids, built from transformers' own modules: the model's final hidden state at each
     position but the last, joined with the embedding of the token after it through the head's
     norms and fc, then the head's decoder layer (transformers' class, causal attention over every
     row) and norm, scored by the model's head; each guess then extends the head's rows with its
-    own output and the guess's embedding. Greedy, num_draft guesses."""
+    own output and the guess's embedding. Greedy, num_draft guesses, among the tokens of
+    vocabulary only when given (a narrowed draft head)."""
     from safetensors.torch import load_file
 
     from .models import fused_experts
@@ -145,7 +146,12 @@ def hf_mtp_drafts(path: Path, token_ids: list[int], num_draft: int) -> list[int]
             x = (joined @ head["fc.weight"].t())[None]
             positions = torch.arange(x.shape[1])[None]
             out = norms["norm"](layer(x, position_embeddings=decoder.rotary_emb(x, positions), position_ids=positions))[0]
-            guesses.append(int(model.lm_head(out[-1]).argmax()))
+            scores = model.lm_head(out[-1])
+            if vocabulary is None:
+                guesses.append(int(scores.argmax()))
+            else:
+                kept = torch.tensor(vocabulary)
+                guesses.append(int(kept[scores[kept].argmax()]))
             hidden = torch.cat([hidden, out[-1:]])
             inputs.append(guesses[-1])
     return guesses

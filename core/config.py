@@ -31,6 +31,8 @@ class EngineConfig:
     kv_dtype: str | None = None  # KV storage dtype: None = the weights' dtype, "auto" = the backend's choice
     speculative: str | None = None  # a registered proposer (e.g. "ngram"): speculative decoding on
     num_speculative_tokens: int = 4  # proposals verified per sequence per step, at most
+    # a draft head (mtp) scores only these tokens: N (the N lowest ids) or a file of ids; None: all
+    draft_vocab: int | str | None = None
     task: str = "generate"  # or "embed" / "rerank": prefill-only requests that return hidden states or scores
     # A model with linear attention: memory for the prefix cache's recurrent states at block boundaries
     state_cache_mib: int = 1024
@@ -49,6 +51,11 @@ class EngineConfig:
             raise ValueError(f"kv_window must be a positive integer, got {self.kv_window!r}")
         if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens <= 0:
             raise ValueError(f"num_speculative_tokens must be a positive integer, got {self.num_speculative_tokens!r}")
+        if self.draft_vocab is not None and (isinstance(self.draft_vocab, bool) or not (
+                (isinstance(self.draft_vocab, int) and self.draft_vocab > 0)
+                or (isinstance(self.draft_vocab, str) and self.draft_vocab))):
+            raise ValueError(f"draft_vocab must be a positive number of tokens or a file of token ids, "
+                             f"got {self.draft_vocab!r}")
         if self.max_seq_len is not None and self.max_seq_len <= 0:
             raise ValueError(f"max_seq_len must be positive, got {self.max_seq_len!r}")
         if self.batching not in BATCHING_MODES:

@@ -103,6 +103,7 @@ def test_env_var_restricts_entry_point_plugins():
     (["--backend", "cuda"], "unknown backend 'cuda'"),
     (["--kv-cache", "ring"], "unknown KV cache 'ring'"),
     (["--speculative", "eagle"], "unknown proposer 'eagle'; installed proposers: mtp, ngram"),
+    (["--draft-vocab", "4096"], "--draft-vocab narrows what a draft head guesses"),
     (["--model", "/no/such/model"], "no such file"),
     (["--reasoning-parser", "deepseek"], "unknown reasoning parser 'deepseek'; choose one of qwen3, none"),
     (["--tool-call-parser", "mistral"], "unknown tool-call parser 'mistral'"),

@@ -43,6 +43,10 @@ class DenseLinear:
     def dequantize(self) -> mx.array:
         return self.weight
 
+    def with_rows(self, ids: mx.array) -> "DenseLinear":
+        """A layer computing only output rows ``ids`` (a head narrowed to part of the vocabulary)."""
+        return DenseLinear(self.weight[ids], None if self.bias is None else self.bias[ids])
+
     def nbytes(self) -> int:
         return self.weight.nbytes
 
@@ -85,6 +89,11 @@ class QuantizedLinear:
 
     def dequantize(self) -> mx.array:
         return self._dequantize(self.weight, self.scales, self.biases)
+
+    def with_rows(self, ids: mx.array) -> "QuantizedLinear":
+        """A layer computing only output rows ``ids``: their words, scales and biases as they are."""
+        return QuantizedLinear(self.weight[ids], self.scales[ids], self.biases[ids], self.bits,
+                               None if self.bias is None else self.bias[ids])
 
     def nbytes(self) -> int:
         return self.weight.nbytes + self.scales.nbytes + self.biases.nbytes

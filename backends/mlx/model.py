@@ -35,6 +35,8 @@ class DecoderModel:
         self.draft_head = DraftHeadLayers.build(c, tensors, make_linear) if c.draft_layers else None
         self.mixer_indices = c.mixer_indices()  # each layer's KV layer or state layer
         self._last_step: tuple[StepBatch, mx.array] | None = None  # (batch, final hidden rows) for the head
+        self.draft_ids: mx.array | None = None  # the tokens drafts are scored over (None: all)
+        self.draft_scorer: Linear | None = None  # the head's rows of draft_ids (narrow_draft_vocabulary)
         # The embedding is a weight of the same shape as the head, built the same way (as int8
         # under quant "int4"): with tied embeddings the lookup and the head read one array.
         self.embedding = make_linear(tensors.take(EMBEDDING), None)
@@ -68,6 +70,7 @@ class DecoderModel:
     def _linears(self) -> list[Linear]:
         every = [self.embedding, self.lm_head] + [linear for layer in self.built_layers() for linear in layer.linears()]
         every += self.draft_head.linears() if self.draft_head is not None else []
+        every.append(self.draft_scorer)
         return list({id(x): x for x in every if x is not None}.values())  # a tied head counts once
 
     def _norms(self) -> list[mx.array]:
@@ -92,7 +95,26 @@ class DecoderModel:
         batch, hidden = self._last_step
         return greedy_drafts(requests, batch.chunks, hidden, lambda spans, rows: self._draft_pass(spans, rows, cache),
                              lambda x, rows: x[mx.array(rows, dtype=mx.int32)],
-                             lambda out: mx.argmax(self.lm_head(out), axis=-1).tolist())
+                             self._draft_guesses)
+
+    def _draft_guesses(self, out: mx.array) -> list[int]:
+        if self.draft_scorer is None:
+            return mx.argmax(self.lm_head(out), axis=-1).tolist()
+        return self.draft_ids[mx.argmax(self.draft_scorer(out), axis=-1)].tolist()
+
+    def narrow_draft_vocabulary(self, token_ids: Sequence[int] | None) -> None:
+        """NarrowsDraftVocabulary: the head's rows of token_ids score drafts."""
+        if token_ids is None:
+            self.draft_ids = self.draft_scorer = None
+            return
+        self.draft_ids = mx.array(list(token_ids), dtype=mx.int32)
+        self.draft_scorer = self.lm_head.with_rows(self.draft_ids)
+        mx.eval(vars(self.draft_scorer))  # here, not on the engine's thread (see __init__)
+
+    def draft_scoring(self) -> tuple[int, int]:
+        if self.draft_scorer is None:
+            return self.config.vocab_size, self.lm_head.nbytes()
+        return self.draft_ids.size, self.draft_scorer.nbytes()
 
     def _draft_pass(self, spans: list, hidden: mx.array, cache: KVCache) -> mx.array:
         """The draft head over spans (seq_id, tokens, start): each span's tokens follow its hidden

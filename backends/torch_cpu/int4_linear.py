@@ -57,6 +57,13 @@ class _QuantizedLinear:
             y += self.bias
         return y.view(*lead, self.out_features)
 
+    def with_rows(self, ids: torch.Tensor) -> "_QuantizedLinear":
+        """A layer of this format computing only output rows ``ids`` (a head narrowed to part of
+        the vocabulary): the rows dequantized and quantized again, which gives back their codes
+        and scales (a group's largest code is its full scale again) up to float rounding."""
+        bias = None if self.bias is None else self.bias.index_select(0, ids)
+        return type(self)(self.lookup(ids), bias, scratch=self.scratch, kernels=self.kernels)
+
     def _default_plan(self) -> PathPlan:
         return PathPlan.fixed("kernel" if self.kernels is not None else "tiles_f32")
 
@@ -111,6 +118,14 @@ class Int4Linear(_QuantizedLinear):
     def streamed_tensors(self) -> tuple[str, ...]:
         """The attributes a matmul reads whole (huge_pages.py moves them)."""
         return ("codes", "scale", "zero")
+
+    def with_rows(self, ids: torch.Tensor) -> "Int4Linear":
+        """_QuantizedLinear.with_rows: the canonical rows as they are (no quantizing again)."""
+        canonical = self.canonical()
+        rows = ids.numpy()
+        bias = None if self.bias is None else self.bias.index_select(0, ids)
+        return Int4Linear(Int4Weight(canonical.packed[rows], canonical.scale[rows], canonical.zero[rows]), bias,
+                          scratch=self.scratch, kernels=self.kernels)
 
     def canonical(self) -> Int4Weight:
         if self.blocked:

@@ -177,6 +177,13 @@ class DenseLinear:
             return blocked.pair_rows(self.blocked, ids).float()
         return self.weight.index_select(0, ids).float()
 
+    def with_rows(self, ids: torch.Tensor) -> "DenseLinear":
+        """A layer computing only output rows ``ids`` (a head narrowed to part of the vocabulary),
+        stored in this one's dtype, exactly its rows; laid out as a head (as_head) by the caller."""
+        stored = next(t for t in (self.weight, self.blocked) if t is not None).dtype
+        bias = None if self.bias is None else self.bias.index_select(0, ids)
+        return DenseLinear(self.lookup(ids).to(stored), bias, self.scratch)
+
     def dequantize(self) -> torch.Tensor:
         if self.weight is None and self.packed is None:
             return self.lookup(torch.arange(self.out_features))

@@ -50,6 +50,8 @@ class DecoderModel:
         self.norm = tensors.take(FINAL_NORM).float() + c.norm_offset
         self.draft_head = DraftHeadLayers.build(c, tensors, make_linear) if c.draft_layers else None
         self._last_step: tuple[StepBatch, torch.Tensor] | None = None  # (batch, final hidden rows) for the head
+        self.draft_ids: torch.Tensor | None = None  # the tokens drafts are scored over (None: all)
+        self.draft_scorer = None  # the head's rows of draft_ids (narrow_draft_vocabulary)
         self.mixer_indices = c.mixer_indices()  # each layer's KV layer or state layer
         self.recurrent = bool(c.linear_attention())
         self.lm_head = language_model_head(c, tensors, self.embed, make_linear)
@@ -91,6 +93,7 @@ class DecoderModel:
         object) and each decoder layer's projections."""
         every = [self.embed, self.lm_head] + [linear for layer in self.built_layers() for linear in layer.linears()]
         every += self.draft_head.linears() if self.draft_head is not None else []
+        every.append(self.draft_scorer)
         return list({id(linear): linear for linear in every if linear is not None}.values())
 
     def kernel_table(self) -> list[str]:
@@ -122,7 +125,27 @@ class DecoderModel:
         batch, hidden = self._last_step
         return greedy_drafts(requests, batch.chunks, hidden, lambda spans, rows: self._draft_pass(spans, rows, cache),
                              lambda x, rows: x.index_select(0, torch.as_tensor(rows, dtype=torch.long)),
-                             lambda out: self.lm_head(out).argmax(-1).tolist())
+                             self._draft_guesses)
+
+    def _draft_guesses(self, out: torch.Tensor) -> list[int]:
+        if self.draft_scorer is None:
+            return self.lm_head(out).argmax(-1).tolist()
+        return self.draft_ids.index_select(0, self.draft_scorer(out).argmax(-1)).tolist()
+
+    def narrow_draft_vocabulary(self, token_ids: Sequence[int] | None) -> None:
+        """NarrowsDraftVocabulary: the head's rows of token_ids, in its own format, score drafts."""
+        if token_ids is None:
+            self.draft_ids = self.draft_scorer = None
+            return
+        self.draft_ids = torch.as_tensor(token_ids, dtype=torch.long)
+        self.draft_scorer = self.lm_head.with_rows(self.draft_ids)
+        if isinstance(self.draft_scorer, DenseLinear):
+            self.draft_scorer.as_head(self.kernels)
+
+    def draft_scoring(self) -> tuple[int, int]:
+        if self.draft_scorer is None:
+            return self.config.vocab_size, self.lm_head.nbytes()
+        return self.draft_ids.numel(), self.draft_scorer.nbytes()
 
     def _draft_pass(self, spans: list, hidden: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """The draft head over spans (seq_id, tokens, start): each span's tokens follow its hidden rows."""

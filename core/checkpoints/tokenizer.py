@@ -64,6 +64,11 @@ class Tokenizer:
                 return bytes(table[ch] for ch in piece)
         return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
+    @property
+    def added_token_ids(self) -> list[int]:
+        """The tokens added beside the BPE vocabulary (the chat's <|im_end|>, <think>, <tool_call>, ...)."""
+        return sorted(self._added_tokens)
+
     @cached_property
     def _added_tokens(self) -> dict[int, str]:
         return {i: t.content for i, t in self.backend.get_added_tokens_decoder().items()}

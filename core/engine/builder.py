@@ -25,6 +25,7 @@ from ..protocols import (
     KVCache,
     KVStorage,
     ModelExecutor,
+    NarrowsDraftVocabulary,
     ProposesFromHiddenStates,
     Rewinding,
     SlidingWindow,
@@ -38,6 +39,7 @@ from ..quant.calibration import (
 )
 from ..registry import Registry, load_registry
 from ..sampling.params import SamplingParams
+from .draft_vocabulary import draft_vocabulary
 from .engine import Engine
 
 
@@ -90,6 +92,12 @@ def build_engine(
     if isinstance(proposer, ProposesFromHiddenStates):  # the model is built with its draft head
         proposer.check_model(checkpoint.config)
         checkpoint.config = replace(checkpoint.config, draft_layers=checkpoint.config.head_draft_layers)
+    draft_ids = None
+    if config.draft_vocab is not None:
+        if not isinstance(proposer, ProposesFromHiddenStates):
+            raise ModelLoadError(f"--draft-vocab narrows what a draft head guesses; the proposer "
+                                 f"{config.speculative or '(none: --speculative is off)'} has none (--speculative mtp)")
+        draft_ids = draft_vocabulary(config.draft_vocab, checkpoint.tokenizer, checkpoint.config.vocab_size)
 
     def new_storage(config: EngineConfig) -> KVStorage:  # the one the cache asks for (e.g. int8)
         return registry.create_kv_storage(kv_cache, compute, checkpoint.config, config.kv_dtype, config.block_size,
@@ -122,6 +130,10 @@ def build_engine(
         executor = compute.load_model(checkpoint, dtype=dtype, quant=quant)
     else:
         executor = compute.load_model(checkpoint, dtype=dtype, quant=quant, importance=importance)
+    if draft_ids is not None:
+        if not isinstance(executor, NarrowsDraftVocabulary):
+            raise ModelLoadError(f"the {compute.name} backend cannot narrow its draft head's vocabulary (--draft-vocab)")
+        executor.narrow_draft_vocabulary(draft_ids.tolist())
     processors = [entry.factory(checkpoint.config, checkpoint.tokenizer) for entry in registry.logits_processors.values()]
     engine = Engine(executor, cache, compute.create_sampler(), checkpoint.tokenizer, config, processors, proposer)
     return EngineParts(engine, compute, executor, cache, checkpoint.tokenizer, checkpoint,

@@ -32,12 +32,19 @@ from .kv import (
     SlidingWindow,
 )
 from .logits import Completing, LogitsProcessor, LogitsRequest, LogitsState, TakesRequestArgs
-from .speculative import DraftHead, DraftRequest, DraftVerifying, Proposer, ProposesFromHiddenStates
+from .speculative import (
+    DraftHead,
+    DraftRequest,
+    DraftVerifying,
+    NarrowsDraftVocabulary,
+    Proposer,
+    ProposesFromHiddenStates,
+)
 from .state import HoldsRecurrentState, RecurrentState, StateStorage
 
 __all__ = [
     "BlockMap", "DescribesBlocks", "Backend", "Calibratable", "ChoosesKVDtype", "ChoosesKernels", "ReadsRoutedExperts", "Completing", "DraftHead", "DraftRequest", "DraftVerifying", "Forking", "HoldsRecurrentState",
     "KVCache", "KVStorage", "KVUsage", "LogitsProcessor", "LogitsRequest", "LogitsState", "LossyKV",
-    "ModelExecutor", "Pools", "PrefixCaching", "Proposer", "ProposesFromHiddenStates", "QuantizedLinear", "RecurrentState", "ReservesAhead", "Rewinding", "SampleResult",
+    "ModelExecutor", "NarrowsDraftVocabulary", "Pools", "PrefixCaching", "Proposer", "ProposesFromHiddenStates", "QuantizedLinear", "RecurrentState", "ReservesAhead", "Rewinding", "SampleResult",
     "Sampler", "ScheduledChunk", "SlidingWindow", "StateStorage", "StepBatch", "TakesRequestArgs",
 ]

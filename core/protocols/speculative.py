@@ -64,6 +64,23 @@ class DraftHead(Protocol):
 
 
 @runtime_checkable
+class NarrowsDraftVocabulary(Protocol):
+    """A DraftHead that can score its guesses over part of the vocabulary (``--draft-vocab``).
+    Each draft round scores the head's output against every row of the language-model head; on
+    a small model with a large vocabulary (Qwen3.5-0.8B: 248,320 rows, ~40% of a decoded token's
+    bytes) those reads are most of a draft's cost. Narrowed, a round reads only the kept rows;
+    a guess outside them is never made, so acceptance may fall, never correctness: verification
+    still scores every token."""
+
+    def narrow_draft_vocabulary(self, token_ids: Sequence[int] | None) -> None:
+        """Draft only among token_ids (sorted, distinct, below the vocabulary size) from now on;
+        None: among every token again."""
+
+    def draft_scoring(self) -> tuple[int, int]:
+        """(tokens a draft round scores, bytes of the head it reads): the kept rows', or all."""
+
+
+@runtime_checkable
 class ProposesFromHiddenStates(Protocol):
     """A proposer that drafts from what the model computed in the step just run, not from token
     ids (hook ``register_proposers``, like any proposer). The engine builds the model with its

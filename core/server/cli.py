@@ -26,6 +26,7 @@ DEFAULTS = EngineConfig()
 GENERATION_CONFIG_CHOICES = ("auto", "none")
 COMMANDS: dict[str, str] = {  # subcommand name -> module with main(argv)
     "bench": "qwen_serve.bench.cli",
+    "draft-vocab": "qwen_serve.server.draft_vocab",
     "kv-table": "qwen_serve.server.kv_table",
     "ray": "qwen_serve.cluster.cli",
 }
@@ -79,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-speculative-tokens", type=int, default=DEFAULTS.num_speculative_tokens,
                    help=f"with --speculative: proposals verified per sequence per step, at most "
                         f"(default {DEFAULTS.num_speculative_tokens})")
+    p.add_argument("--draft-vocab", default=None, metavar="N|FILE",
+                   help="with --speculative mtp: the head guesses among the N lowest token ids (a BPE vocabulary's "
+                        "commonest pieces) or the ids in FILE (a JSON list or whitespace-separated), plus the "
+                        "tokenizer's added tokens; each draft then reads those rows of the language-model head, "
+                        "not all of them (default: every token)")
     p.add_argument("--scheduling-policy", default=DEFAULTS.scheduling_policy,
                    help="fcfs | priority (requests' 'priority' field: lower first; preempts lower priorities "
                         "when KV blocks run out)")
@@ -124,6 +130,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         prefix_cache=not args.no_prefix_cache, seed=args.seed, batching=args.batching,
         scheduling_policy=args.scheduling_policy, kv_window=args.kv_window,
         speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens, kv_dtype=args.kv_dtype,
+        draft_vocab=args.draft_vocab,
         state_cache_mib=args.state_cache_mib,
     )
 

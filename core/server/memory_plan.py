@@ -9,7 +9,14 @@ from typing import Any
 
 from ..kv.hybrid import HybridCache
 from ..kv.memory import blocks_spanned, format_bytes
-from ..protocols import ChoosesKernels, PrefixCaching, ReadsRoutedExperts, RecurrentState, SlidingWindow
+from ..protocols import (
+    ChoosesKernels,
+    NarrowsDraftVocabulary,
+    PrefixCaching,
+    ReadsRoutedExperts,
+    RecurrentState,
+    SlidingWindow,
+)
 from ..sampling.defaults import SamplingDefaults
 
 
@@ -22,6 +29,16 @@ def read_per_token(executor: Any) -> str:
     if not isinstance(executor, ReadsRoutedExperts) or executor.active_weight_bytes() == executor.weight_bytes():
         return ""
     return f", {mib(executor.active_weight_bytes())} read per decoded token (its routed experts only)"
+
+
+def draft_vocabulary_note(executor: Any, vocab_size: int) -> str:
+    """'; drafts scored over N of V tokens, X MiB of the head a round' where the head is narrowed."""
+    if not isinstance(executor, NarrowsDraftVocabulary):
+        return ""
+    tokens, head_bytes = executor.draft_scoring()
+    if tokens == vocab_size:
+        return ""
+    return f"; drafts scored over {tokens:,} of {vocab_size:,} tokens (--draft-vocab), {mib(head_bytes)} of the head a round"
 
 
 def format_memory_plan(parts: Any, dtype: str, quant: str, sampling_defaults: SamplingDefaults | None = None) -> str:
@@ -58,6 +75,9 @@ def format_memory_plan(parts: Any, dtype: str, quant: str, sampling_defaults: Sa
         f"scheduler  max batch {e.max_batch} sequences, step budget {e.step_budget} tokens, "
         f"prefill chunk {e.chunk_size} tokens, max sequence {parts.engine.max_seq_len} tokens, "
         f"prefix cache {'on' if e.prefix_cache and isinstance(parts.cache, PrefixCaching) else 'off'}")
+    if e.speculative and parts.engine.drafter is not None:
+        lines.append(f"speculate  {e.speculative}, up to {e.num_speculative_tokens} drafts a sequence a step"
+                     + draft_vocabulary_note(parts.executor, m.vocab_size))
     if e.task != "generate":
         served = ("POST /v1/embeddings: the last token's final hidden state, L2-normalised" if e.task == "embed"
                   else "POST /v1/rerank and /v1/score: P(yes) of Qwen3-Reranker's verdict")

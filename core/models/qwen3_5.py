@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
+import numpy as np
+
 from ..errors import ModelLoadError
 from .architecture import Architecture
 from .config import ModelConfig
 from .draft_head import PREFIX as DRAFT_PREFIX
 from .layers import Attention, DecoderLayer, DenseMLP, GatedDeltaNet, Mixer
+from .qwen3_5_gguf import LAYER_NAMES as GGUF_LAYER_NAMES
+from .qwen3_5_gguf import gguf_config, undo
 
 NOT_TEXT = ("model.visual.",)  # the vision tower
 DRAFT_HEAD = f"{DRAFT_PREFIX}."  # the multi-token-prediction head: read only when a proposer drafts with it
@@ -73,6 +77,11 @@ def text_tensors(name: str, array: Any, config: ModelConfig) -> Iterator[tuple[s
     name = name.replace("model.language_model.", "model.", 1)
     if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
         heads, head_dim = config.num_heads, config.head_dim
+        if hasattr(array, "take_rows"):  # int4 from a GGUF file's Q4_0 blocks (quant.int4.Int4Weight)
+            rows = np.arange(heads * 2 * head_dim).reshape(heads, 2, head_dim)
+            yield name, array.take_rows(rows[:, 0].ravel())
+            yield name.replace("q_proj", "output_gate_proj"), array.take_rows(rows[:, 1].ravel())
+            return
         per_head = array.reshape(heads, 2, head_dim, *array.shape[1:])
         rest = tuple(array.shape[1:])
         yield name, per_head[:, 0].reshape(heads * head_dim, *rest)
@@ -82,6 +91,7 @@ def text_tensors(name: str, array: Any, config: ModelConfig) -> Iterator[tuple[s
 
 
 ARCHITECTURE = Architecture(hf_name="Qwen3_5ForCausalLM", decoder_layer=decoder_layer, tensors=text_tensors,
-                            norm_offset=1.0, draft_layer=draft_layer)
+                            norm_offset=1.0, draft_layer=draft_layer, gguf_name="qwen35", gguf_config=gguf_config,
+                            gguf_layer_names=tuple(GGUF_LAYER_NAMES.items()), gguf_undo=undo)
 MULTIMODAL = Architecture(hf_name="Qwen3_5ForConditionalGeneration", decoder_layer=decoder_layer,
                           tensors=text_tensors, norm_offset=1.0, draft_layer=draft_layer)

@@ -8,6 +8,8 @@ from typing import Any
 from .architecture import Architecture
 from .layers import DecoderLayer
 from .qwen3_5 import draft_layer_of, mixer, text_tensors
+from .qwen3_5_gguf import LAYER_NAMES as GGUF_LAYER_NAMES
+from .qwen3_5_gguf import gguf_config, undo
 from .qwen3_moe import feed_forward
 
 
@@ -19,6 +21,7 @@ draft_layer = draft_layer_of(decoder_layer)  # a mixture of experts like every l
 
 
 ARCHITECTURE = Architecture(hf_name="Qwen3_5MoeForCausalLM", decoder_layer=decoder_layer, tensors=text_tensors,
-                            norm_offset=1.0, draft_layer=draft_layer)
+                            norm_offset=1.0, draft_layer=draft_layer, gguf_name="qwen35moe", gguf_config=gguf_config,
+                            gguf_layer_names=tuple(GGUF_LAYER_NAMES.items()), gguf_undo=undo)
 MULTIMODAL = Architecture(hf_name="Qwen3_5MoeForConditionalGeneration", decoder_layer=decoder_layer,
                           tensors=text_tensors, norm_offset=1.0, draft_layer=draft_layer)

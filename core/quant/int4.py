@@ -38,6 +38,10 @@ class Int4Weight:
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scale.nbytes + self.zero.nbytes
 
+    def take_rows(self, rows: np.ndarray) -> "Int4Weight":
+        """These output rows (each row's codes and groups are its own)."""
+        return Int4Weight(self.packed[rows], self.scale[rows], self.zero[rows])
+
 
 def concatenate(weights: list[Int4Weight]) -> Int4Weight:
     """The weights' rows stacked: one weight computing every part's outputs side by side."""

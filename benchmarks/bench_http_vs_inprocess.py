@@ -4,6 +4,9 @@ prompt and output lengths, batch 1, 8 and 16, side by side in one run: what the 
 
     flock /work/cpu.lock python benchmarks/bench_http_vs_inprocess.py            # int4, ~5 min
     flock /work/cpu.lock python benchmarks/bench_http_vs_inprocess.py --quant none --dtype bfloat16
+    flock /work/cpu.lock python benchmarks/bench_http_vs_inprocess.py --model DIR --batches 1 --label hybrid-2b
+
+--model serves another checkpoint directory (default: setup_peers.py's random Qwen3-0.6B).
 
 Writes benchmarks/results/DATE-http-vs-inprocess[-QUANT-DTYPE]/http_vs_inprocess*.json (+ .md,
 PNGs, the HTTP run's own JSON in raw/) in the bench's format: one
@@ -32,7 +35,7 @@ from qwen_serve.cache_dir import cache_dir
 PROMPT_TOKENS, OUTPUT_TOKENS, BATCHES, REPETITIONS = 64, 128, (1, 8, 16), 3
 
 
-def in_process(model: str, quant: str, dtype: str) -> dict:
+def in_process(model: str, quant: str, dtype: str, batches: tuple[int, ...]) -> dict:
     from qwen_serve import LLM, SamplingParams
 
     llm = LLM(model, quant=quant, dtype=dtype)
@@ -41,7 +44,7 @@ def in_process(model: str, quant: str, dtype: str) -> dict:
     params = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True)
     results = []
     engine.run([("warm-up", prompts.make(PROMPT_TOKENS), SamplingParams(max_tokens=16, ignore_eos=True))])
-    for batch in BATCHES:
+    for batch in batches:
         reps, records = [], []
         for rep in range(REPETITIONS):
             start = time.perf_counter()
@@ -67,7 +70,7 @@ def in_process(model: str, quant: str, dtype: str) -> dict:
             "identity": {}, "results": results}
 
 
-def markdown(doc: dict, http: str, local: str) -> str:
+def markdown(doc: dict, http: str, local: str, model: str, batches: tuple[int, ...]) -> str:
     def get(name, c, key):
         e = next(e for e in doc["endpoints"] if e["name"] == name)
         r = next(r for r in e["results"] if r["concurrency"] == c)
@@ -76,11 +79,11 @@ def markdown(doc: dict, http: str, local: str) -> str:
     cpu = doc["machine"]["cpu"]
     lines = ["# The same build over HTTP and in-process", "",
              f"`python benchmarks/bench_http_vs_inprocess.py`, {doc['created']}; CPU {cpu['model_name']} "
-             f"({' '.join(cpu['key_flags'])}), {doc['machine']['memory_bandwidth']['read_gb_s']} GB/s. "
+             f"({' '.join(cpu['key_flags'])}), {doc['machine']['memory_bandwidth']['read_gb_s']} GB/s; {model}. "
              f"{PROMPT_TOKENS}-token prompts, {OUTPUT_TOKENS} output tokens, medians of {REPETITIONS}.", "",
              "| batch | HTTP out tok/s | in-process out tok/s | in-process / HTTP | TTFT p50 HTTP / in-process | "
              "ITL p50 HTTP / in-process |", "|---|---|---|---|---|---|"]
-    for c in BATCHES:
+    for c in batches:
         h, i = get(http, c, "output_tok_s"), get(local, c, "output_tok_s")
         lines.append(f"| {c} | {h:.1f} | {i:.1f} | {i / h:.2f}x | {get(http, c, 'ttft_s') * 1e3:.0f} / "
                      f"{get(local, c, 'ttft_s') * 1e3:.0f} ms | {get(http, c, 'itl_s') * 1e3:.1f} / "
@@ -93,27 +96,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quant", default="int4", choices=("int4", "none"))
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--peers", type=Path, default=cache_dir("peers"), help="where setup_peers.py put the checkpoint")
+    parser.add_argument("--model", type=Path, default=None, help="a checkpoint directory (default: the peers' Qwen3-0.6B)")
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help=f"default {BATCHES}")
+    parser.add_argument("--label", default="", help="added to the result folder's and files' names")
     args = parser.parse_args(argv)
-    peers = Peers(args.peers.expanduser().resolve())
-    make_checkpoint(peers)
-    stem = "http_vs_inprocess" + "".join(f"_{v}" for v, default in ((args.quant, "int4"), (args.dtype, "float32"))
-                                         if v != default)
+    batches = tuple(args.batches)
+    if args.model is None:
+        peers = Peers(args.peers.expanduser().resolve())
+        make_checkpoint(peers)
+        model = peers.checkpoint
+    else:
+        model = args.model.expanduser().resolve()
+    stem = "http_vs_inprocess" + "".join(f"_{v}" for v, default in ((args.quant, "int4"), (args.dtype, "float32"),
+                                                                      (args.label, "")) if v != default)
     folder = result_folder(stem.replace("_", "-"))
     raw = folder / "raw"
     http_name = f"HTTP {args.quant} {args.dtype}"
-    command = ServerCommand(http_name, [sys.executable, "-m", "qwen_serve", "--model", str(peers.checkpoint),
+    command = ServerCommand(http_name, [sys.executable, "-m", "qwen_serve", "--model", str(model),
                                         "--quant", args.quant, "--dtype", args.dtype, "--host", "127.0.0.1",
                                         "--port", "{port}"])
     with RunningServer(command) as server:
         http_path = run_bench(http_name, server.url, raw, f"http_{args.quant}_{args.dtype}", [
-            "--api", "chat", "--tokenizer", str(peers.checkpoint), "--prompt-tokens", str(PROMPT_TOKENS),
-            "--output-tokens", str(OUTPUT_TOKENS), "--concurrency", ",".join(map(str, BATCHES)),
+            "--api", "chat", "--tokenizer", str(model), "--prompt-tokens", str(PROMPT_TOKENS),
+            "--output-tokens", str(OUTPUT_TOKENS), "--concurrency", ",".join(map(str, batches)),
             "--repetitions", str(REPETITIONS)], f"qwen-serve {source_commit()}; {' '.join(server.argv)}")
-    local = new_document(describe_machine(), {"points": "see results"}, [in_process(str(peers.checkpoint), args.quant, args.dtype)])
+    local = new_document(describe_machine(), {"points": "see results"}, [in_process(str(model), args.quant, args.dtype, batches)])
     doc = merge([json.loads(http_path.read_text()), local], [str(http_path.relative_to(REPO)), "in-process"])
     write_json(doc, folder / f"{stem}.json")
     write_plots(doc, folder, f"{stem}-")
-    (folder / f"{stem}.md").write_text(markdown(doc, http_name, f"in-process {args.quant} {args.dtype}"))
+    (folder / f"{stem}.md").write_text(markdown(doc, http_name, f"in-process {args.quant} {args.dtype}", model.name,
+                                                batches))
     print((folder / f"{stem}.md").read_text())
     return 0
 

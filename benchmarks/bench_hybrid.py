@@ -157,7 +157,8 @@ def _num(value, digits: int = 1) -> str:
 
 
 def summary(documents: dict[str, dict], size: str) -> str:
-    lines = [f"Qwen3.5-{size.upper()} geometry, random weights (bf16, std 0.05); qwen-serve from the HF checkpoint, "
+    lines = [f"Qwen3.5-{size.upper()} geometry, random weights (bf16, std 0.05); qwen-serve from the HF checkpoint "
+             "(qwen-gguf-q4_0: from llama.cpp's Q4_0 file), "
              "llama.cpp from its own conversion of it", "",
              "| server | decode 1 | decode 8 | decode 16 | prefill 512 tok/s | 1-stream decode after 4k | after 16k "
              "| TTFT 1,000-token system prompt: first / second s | RSS after MiB | start s |",

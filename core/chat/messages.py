@@ -31,7 +31,8 @@ REFUSED_PARTS = {kind: refused(kind, name, f"{kind} content parts are not suppor
 
 def _part_kind(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else None
-    return kind if kind in REFUSED_PARTS else "text"  # a text part, or one whose error says what it should be
+    # a text part, or one whose error says what it should be (a type that is no string too)
+    return kind if isinstance(kind, str) and kind in REFUSED_PARTS else "text"
 
 
 ContentPart = Annotated[Union[tuple([Annotated[TextPart, Tag("text")]] +

@@ -64,12 +64,12 @@ def undo(hf_name: str, config: dict[str, Any], tiled: bool = True) -> Callable[[
         return lambda a: a - np.float32(1.0)
     if hf_name.endswith("linear_attn.A_log"):
         return lambda a: np.log(-heads.grouped(a, 0, 1))
-    if hf_name.endswith("linear_attn.dt_bias"):
-        return lambda a: heads.grouped(a, 0, 1) if heads.tiled else a
     if hf_name.endswith("linear_attn.conv1d.weight"):
         return lambda a: heads.grouped_after(a, heads.query_key_rows, 0)[:, None, :]
     if not heads.tiled:
         return None
+    if hf_name.endswith("linear_attn.dt_bias"):
+        return lambda a: heads.grouped(a, 0, 1)
     if hf_name.endswith("linear_attn.in_proj_qkv.weight"):
         return lambda a: heads.grouped_after(a, heads.query_key_rows, 0)
     if hf_name.endswith("linear_attn.in_proj_z.weight"):

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import ModelLoadError
 from ..models import architecture_for_gguf
-from ..models.architecture import read_model_config
+from ..models.architecture import Architecture, read_model_config
 from ..models.config import ModelConfig
 from ..models.draft_head import PREFIX as DRAFT_PREFIX
 from ..models.weights import is_projection
@@ -66,7 +66,7 @@ def load_gguf(path: Path) -> Checkpoint:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})") from exc
     fields = gguf_fields(reader)
     architecture = architecture_for_gguf(fields.get("general.architecture"))
-    hf = hf_config(fields, {t.name for t in reader.tensors})
+    hf = hf_config(fields, {t.name for t in reader.tensors}, architecture)
     config = read_model_config(architecture, hf, name=path.stem)
     names = TensorNames(hf["num_hidden_layers"], {**LAYER_NAMES, **dict(architecture.gguf_layer_names)})
     tok = tokenizer_from_gguf(fields)
@@ -116,7 +116,7 @@ def load_gguf(path: Path) -> Checkpoint:
                       int4_blocks=int4_blocks)
 
 
-def hf_config(fields: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
+def hf_config(fields: dict[str, Any], tensor_names: set[str], architecture: Architecture) -> dict[str, Any]:
     """GGUF metadata under config.json's keys, so one reader per architecture serves both formats."""
     arch = fields["general.architecture"]
 
@@ -142,7 +142,6 @@ def hf_config(fields: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
         "norm_topk_prob": bool(fields.get(f"{arch}.expert_weights_norm", True)),
         "mlp_only_layers": [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in tensor_names],
     }
-    architecture = architecture_for_gguf(arch)
     config = {
         "architectures": [architecture.hf_name],
         "vocab_size": fields.get(f"{arch}.vocab_size") or len(fields["tokenizer.ggml.tokens"]),

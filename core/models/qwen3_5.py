@@ -77,10 +77,10 @@ def text_tensors(name: str, array: Any, config: ModelConfig) -> Iterator[tuple[s
     name = name.replace("model.language_model.", "model.", 1)
     if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
         heads, head_dim = config.num_heads, config.head_dim
-        if hasattr(array, "take_rows"):  # int4 from a GGUF file's Q4_0 blocks (quant.int4.Int4Weight)
+        if hasattr(array, "take_rows"):  # int4 from a GGUF file's Q4_0 blocks: no reshape, its rows
             rows = np.arange(heads * 2 * head_dim).reshape(heads, 2, head_dim)
-            yield name, array.take_rows(rows[:, 0].ravel())
-            yield name.replace("q_proj", "output_gate_proj"), array.take_rows(rows[:, 1].ravel())
+            yield name, take_rows(array, rows[:, 0].ravel())
+            yield name.replace("q_proj", "output_gate_proj"), take_rows(array, rows[:, 1].ravel())
             return
         per_head = array.reshape(heads, 2, head_dim, *array.shape[1:])
         rest = tuple(array.shape[1:])
@@ -88,6 +88,17 @@ def text_tensors(name: str, array: Any, config: ModelConfig) -> Iterator[tuple[s
         yield name.replace("q_proj", "output_gate_proj"), per_head[:, 1].reshape(heads * head_dim, *rest)
         return
     yield name, array
+
+
+def take_rows(array: Any, rows: np.ndarray) -> Any:
+    """array[rows] for numpy and torch; an MLX array takes no numpy index, so it goes through numpy;
+    int4 from a GGUF file's Q4_0 blocks (quant.int4.Int4Weight) takes its own rows."""
+    if hasattr(array, "take_rows"):
+        return array.take_rows(rows)
+    try:
+        return array[rows]
+    except ValueError:
+        return type(array)(np.asarray(array)[rows])
 
 
 ARCHITECTURE = Architecture(hf_name="Qwen3_5ForCausalLM", decoder_layer=decoder_layer, tensors=text_tensors,

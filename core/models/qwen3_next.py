@@ -12,7 +12,7 @@ import numpy as np
 from .architecture import Architecture
 from .config import ModelConfig
 from .layers import DecoderLayer, GatedDeltaNet
-from .qwen3_5 import draft_layer_of, mixer, text_tensors
+from .qwen3_5 import draft_layer_of, mixer, take_rows, text_tensors
 from .qwen3_5_gguf import LAYER_NAMES as QWEN3_5_GGUF_LAYER_NAMES
 from .qwen3_5_gguf import gguf_config, undo
 from .qwen3_moe import feed_forward
@@ -52,17 +52,6 @@ def next_tensors(name: str, array: Any, config: ModelConfig) -> Iterator[tuple[s
             yield f"{prefix}.in_proj_a.weight", take_rows(array, a)
         return
     yield from text_tensors(name, array, config)
-
-
-def take_rows(array: Any, rows: np.ndarray) -> Any:
-    """array[rows] for numpy and torch; an MLX array takes no numpy index, so it goes through numpy;
-    int4 from a GGUF file's Q4_0 blocks (quant.int4.Int4Weight) takes its own rows."""
-    if hasattr(array, "take_rows"):
-        return array.take_rows(rows)
-    try:
-        return array[rows]
-    except ValueError:
-        return type(array)(np.asarray(array)[rows])
 
 
 GGUF_LAYER_NAMES = {**QWEN3_5_GGUF_LAYER_NAMES, "ssm_ba": "linear_attn.in_proj_ba"}  # [b a] per group, whole
